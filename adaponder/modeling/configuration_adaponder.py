@@ -1,0 +1,213 @@
+"""Configuration of AdaPonder recurrent models (GPT-NeoX fields + recurrence fields).
+
+This file is copied next to saved checkpoints (``auto_map``) so that
+``AutoConfig.from_pretrained(path, trust_remote_code=True)`` works without ``adaponder`` installed:
+it must only import ``transformers`` and the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from huggingface_hub.dataclasses import strict
+from transformers import GPTNeoXConfig
+
+MODES = ("vanilla", "ponderlm", "loop", "adaponder")
+GATE_ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+# Keys that GPTNeoXConfig accepts under legacy names (converted into ``rope_parameters``).
+_LEGACY_KEYS = {"rotary_pct", "rotary_emb_base", "rope_scaling", "attn_implementation", "torch_dtype", "dtype"}
+
+
+class AdaPonderConfigError(ValueError):
+    """Raised once, listing every problem found in a configuration."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
+
+
+@strict
+class AdaPonderConfig(GPTNeoXConfig):
+    r"""GPT-NeoX (Pythia) shape plus the recurrence of ``../shared/docs/ALGORITHMS.md`` (a).
+
+    Recurrence fields:
+        mode: ``vanilla`` (one pass, plain Pythia), ``ponderlm`` (K passes, pondering feedback, no gates),
+            ``loop`` (the layer stack applied K times to the hidden state), ``adaponder`` (gated, A1–A9).
+        passes: K, the number of passes. ``None`` = the mode's default (1 for vanilla, 4 otherwise).
+        input_scale: c of A1 (``E⁰ = c·Ẽ[x]``). PonderLM's recipe: 1 for 70M/160M, K−1 for 410M and up.
+        embedding_multiplier: α of ``Ẽ = α·W_E`` (A1). ``None`` = sqrt(hidden_size) as in A1. Only the
+            pondering modes scale embeddings; ``vanilla`` and ``loop`` use ``W_E`` as Pythia does.
+        gate_hidden_mult / gate_activation / gate_init_bias: the gate MLP of A5,
+            ``Linear(d, m·d) → act → Linear(m·d, 1)``; the last bias starts at ``gate_init_bias``
+            (+4 gives s ≈ 0.98, i.e. "s ≈ 1 at start").
+        halting_threshold: τ of A6; a token halts after pass i when ``s^i < τ``.
+        compact_inference: without gradients, passes after the first compute only still-active tokens
+            (A16); results are identical, compute falls with the halted fraction.
+        ponder_chunk_size: tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4), so
+            the B×T×V probability tensor is never materialised at once (0 = no chunking).
+    """
+
+    model_type = "adaponder"
+
+    mode: str = "adaponder"
+    passes: int | None = None
+    input_scale: float = 1.0
+    embedding_multiplier: float | None = None
+    gate_hidden_mult: int = 4
+    gate_activation: str = "gelu"
+    gate_init_bias: float = 4.0
+    halting_threshold: float = 1e-4
+    compact_inference: bool = True
+    ponder_chunk_size: int = 0
+
+    def __post_init__(self, **kwargs):
+        if self.passes is None:
+            self.passes = 1 if self.mode == "vanilla" else 4
+        super().__post_init__(**kwargs)
+
+    # ``@strict`` calls this on creation (and after ``validate()``): we collect every problem at once.
+    def validate_architecture(self):
+        problems = semantic_problems(self.to_diff_dict() | _core_values(self))
+        if problems:
+            raise AdaPonderConfigError(problems)
+
+    # -- derived quantities -------------------------------------------------------------------------
+    @property
+    def num_passes(self) -> int:
+        return int(self.passes)
+
+    @property
+    def ponders(self) -> bool:
+        """Whether passes feed back the pondering embedding (A4, A7)."""
+        return self.mode in ("ponderlm", "adaponder")
+
+    @property
+    def gated(self) -> bool:
+        return self.mode == "adaponder" and self.num_passes > 1
+
+    @property
+    def embedding_scale(self) -> float:
+        """α of ``Ẽ = α·W_E`` (A1); 1 for the modes that do not ponder."""
+        if not self.ponders:
+            return 1.0
+        return math.sqrt(self.hidden_size) if self.embedding_multiplier is None else float(self.embedding_multiplier)
+
+    @property
+    def first_pass_scale(self) -> float:
+        """Scale of the first pass's input embedding: ``c·α`` (A1)."""
+        return self.input_scale * self.embedding_scale if self.ponders else 1.0
+
+    # -- construction from user files -----------------------------------------------------------------
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)} | _LEGACY_KEYS
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str | None = None) -> "AdaPonderConfig":
+        """Build from a user mapping (a YAML ``model:`` section), rejecting unknown keys.
+
+        Every problem — unknown keys, wrong types, inconsistent values — is reported in one
+        :class:`AdaPonderConfigError` that names the source file.
+        """
+        problems = [f"unknown key '{k}'" for k in values if k not in cls.known_keys()]
+        type_problems = _type_problems(cls, values)
+        problems += type_problems
+        # Values of the wrong type are reported above; check the rest against each other.
+        bad = {p.split("'")[1] for p in type_problems}
+        merged = {**_defaults(cls), **{k: v for k, v in values.items() if k not in bad}}
+        problems += semantic_problems(merged)
+        if problems:
+            raise AdaPonderConfigError(problems, source)
+        try:
+            return cls(**dict(values))
+        except AdaPonderConfigError as err:
+            raise AdaPonderConfigError(err.problems, source) from None
+        except (TypeError, ValueError) as err:  # anything transformers itself rejects
+            raise AdaPonderConfigError([str(err)], source) from None
+
+
+def _defaults(cls) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+    return out
+
+
+def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
+    names = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+             "mode", "passes", "halting_threshold", "gate_hidden_mult", "gate_activation", "input_scale",
+             "embedding_multiplier", "ponder_chunk_size", "rope_parameters", "max_position_embeddings")
+    return {n: getattr(cfg, n) for n in names}
+
+
+def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
+    """Cheap type checks so that a string where a number belongs is reported with the rest."""
+    numeric = {"hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+               "max_position_embeddings", "gate_hidden_mult", "ponder_chunk_size", "passes"}
+    floats = {"halting_threshold", "input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
+              "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
+    bools = {"use_parallel_residual", "tie_word_embeddings", "compact_inference", "attention_bias", "use_cache"}
+    problems = []
+    for key, val in values.items():
+        if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):
+            problems.append(f"'{key}' must be an integer, got {val!r}")
+        elif key in floats and val is not None and (isinstance(val, bool) or not isinstance(val, (int, float))):
+            problems.append(f"'{key}' must be a number, got {val!r}")
+        elif key in bools and not isinstance(val, bool):
+            problems.append(f"'{key}' must be true or false, got {val!r}")
+    return problems
+
+
+def semantic_problems(v: Mapping[str, Any]) -> list[str]:
+    """Every inconsistency in a (merged) set of config values, as human-readable lines."""
+    problems: list[str] = []
+    mode = v.get("mode", "adaponder")
+    if mode not in MODES:
+        problems.append(f"'mode' must be one of {', '.join(MODES)}; got {mode!r}")
+    passes = v.get("passes")
+    if passes is not None and isinstance(passes, int):
+        if passes < 1:
+            problems.append(f"'passes' (K) must be >= 1, got {passes}")
+        elif mode == "vanilla" and passes != 1:
+            problems.append(f"mode 'vanilla' runs exactly one pass; got passes={passes} (use 'ponderlm' or 'loop')")
+    d, h = v.get("hidden_size"), v.get("num_attention_heads")
+    if isinstance(d, int) and isinstance(h, int):
+        if h < 1:
+            problems.append(f"'num_attention_heads' must be >= 1, got {h}")
+        elif d % h != 0:
+            problems.append(f"'hidden_size' ({d}) must be divisible by 'num_attention_heads' ({h})")
+    for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "gate_hidden_mult"):
+        val = v.get(key)
+        if isinstance(val, int) and val < 1:
+            problems.append(f"'{key}' must be >= 1, got {val}")
+    tau = v.get("halting_threshold")
+    if isinstance(tau, (int, float)) and not 0.0 < tau < 1.0:
+        problems.append(f"'halting_threshold' (τ) must lie in (0, 1), got {tau}")
+    act = v.get("gate_activation")
+    if act is not None and act not in GATE_ACTIVATIONS:
+        problems.append(f"'gate_activation' must be one of {', '.join(GATE_ACTIVATIONS)}; got {act!r}")
+    scale = v.get("input_scale")
+    if isinstance(scale, (int, float)) and scale <= 0:
+        problems.append(f"'input_scale' (c of A1) must be > 0, got {scale}")
+    mult = v.get("embedding_multiplier")
+    if isinstance(mult, (int, float)) and mult <= 0:
+        problems.append(f"'embedding_multiplier' (α of A1) must be > 0, got {mult}")
+    chunk = v.get("ponder_chunk_size")
+    if isinstance(chunk, int) and chunk < 0:
+        problems.append(f"'ponder_chunk_size' must be >= 0 (0 = no chunking), got {chunk}")
+    pct = v.get("rotary_pct")
+    if pct is None and isinstance(v.get("rope_parameters"), Mapping):
+        pct = v["rope_parameters"].get("partial_rotary_factor")
+    if isinstance(pct, (int, float)) and not 0.0 < pct <= 1.0:
+        problems.append(f"'rotary_pct' must lie in (0, 1], got {pct}")
+    return problems
+
+
+__all__ = ["AdaPonderConfig", "AdaPonderConfigError", "MODES", "semantic_problems"]

@@ -1,0 +1,491 @@
+"""AdaPonderLM and its baselines on one code path, composed around transformers' GPT-NeoX layers.
+
+Equations are those of ``../shared/docs/ALGORITHMS.md`` (a), cited as A1–A18. The model owns a
+``GPTNeoXModel`` only as the container of the Pythia backbone (embedding, layers, final layer norm,
+rotary embedding), so parameter names equal ``GPTNeoXForCausalLM``'s and a Pythia checkpoint maps 1:1.
+The pass loop drives the layers itself; the only hook into them is the public ``layer_past.update``.
+
+This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import GenerationMixin, GPTNeoXModel, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_adaponder import AdaPonderConfig
+from .ponder_cache import KVAligner, PonderCache, TokenSubset
+
+_GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
+
+
+@dataclass
+class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus halting statistics.
+
+    lm_loss: A10 (equal to ``loss``; the trainer adds the ponder loss itself).
+    exit_pass: ``[B, T]`` long, D_t of A8 (1..K).
+    gate_values: ``[B, T, K-1]`` gate outputs s^i_t (A5); 0 where the gate was not evaluated.
+    gate_mask: ``[B, T, K-1]`` bool, the gates of the pool G of A11 (active, not padding).
+    active_fraction: ``[K]`` fraction of non-padding tokens active in each pass.
+    pass_logits: the logits z^i of every pass (only with ``return_pass_logits=True``).
+    """
+
+    lm_loss: torch.Tensor | None = None
+    exit_pass: torch.Tensor | None = None
+    gate_values: torch.Tensor | None = None
+    gate_mask: torch.Tensor | None = None
+    active_fraction: torch.Tensor | None = None
+    pass_logits: tuple[torch.Tensor, ...] | None = None
+
+
+class PonderGate(nn.Module):
+    """Iteration-specific halting gate (A5): ``s = σ(Linear(d, m·d) → act → Linear(m·d, 1))``."""
+
+    def __init__(self, config: AdaPonderConfig):
+        super().__init__()
+        width = config.gate_hidden_mult * config.hidden_size
+        self.fc_in = nn.Linear(config.hidden_size, width)
+        self.act = _GATE_ACTS[config.gate_activation]()
+        self.fc_out = nn.Linear(width, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fc_out(self.act(self.fc_in(hidden))).squeeze(-1).float())
+
+
+def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) -> torch.Tensor:
+    """Bottom-k ponder loss (A11–A12): the mean of the ⌈k·|G|⌉ smallest gate values of the pool G.
+
+    ``gate_mask`` selects G (gates of active, non-padding tokens). Returns 0 (with a graph) when G is
+    empty or k = 0, so the trainer can always add ``λ·ponder_loss``.
+    """
+    pool = gate_values[gate_mask]
+    n = math.ceil(k * pool.numel()) if k > 0 else 0
+    if n == 0:
+        return gate_values.sum() * 0.0
+    return torch.topk(pool, n, largest=False, sorted=False).values.mean()
+
+
+def _model_type(path: str) -> str | None:
+    import json
+    import os
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+        return json.load(fh).get("model_type")
+
+
+def _attention_mask(
+    q_slot: torch.Tensor, kv_len: int, key_padding: torch.Tensor | None, impl: str, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Causal mask over cache slots for queries at cache positions ``q_slot`` ``[B', Tq]``.
+
+    A query may attend to keys at slots ≤ its own that are not padding. Padded queries still see
+    themselves, so no row is empty (no NaN that a 0-weight could carry into the loss).
+    """
+    if impl == "flash_attention_2":
+        return key_padding.long() if key_padding is not None else None
+    kpos = torch.arange(kv_len, device=q_slot.device)
+    q = q_slot[:, None, :, None]
+    allowed = kpos <= q
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, None, :]
+    allowed = allowed | (kpos == q)
+    if impl == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+    return allowed
+
+
+class AdaPonderPreTrainedModel(PreTrainedModel):
+    config_class = AdaPonderConfig
+    config: AdaPonderConfig
+    base_model_prefix = "gpt_neox"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["GPTNeoXLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _keys_to_ignore_on_load_unexpected = [r"attention.bias", r"attention.masked_bias"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, PonderGate):
+            # s ≈ 1 at start (A5): gates begin by letting every token ponder.
+            nn.init.constant_(module.fc_out.bias, self.config.gate_init_bias)
+
+
+class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
+    """Looped Pythia: K passes of the whole GPT-NeoX stack with pondering feedback and halting gates.
+
+    ``config.mode`` selects the method or a baseline on this one code path:
+    ``vanilla`` (K = 1), ``ponderlm`` (no gates), ``loop`` (hidden-state feedback), ``adaponder``.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "gpt_neox.embed_in.weight"}
+
+    def __init__(self, config: AdaPonderConfig):
+        super().__init__(config)
+        self.gpt_neox = GPTNeoXModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        n_gates = config.num_passes - 1 if config.gated else 0
+        self.gates = nn.ModuleList([PonderGate(config) for _ in range(n_gates)])
+        self.pass_checkpointing = False
+        self.post_init()
+
+    # -- building from a backbone -------------------------------------------------------------------
+    @classmethod
+    def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
+        """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
+        any mode, for continued pretraining (A14).
+
+        The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
+        source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
+        recurrence fields (``passes``, ``input_scale``, ``halting_threshold``, …).
+        """
+        import os
+
+        from transformers import AutoConfig, GPTNeoXForCausalLM
+
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise FileNotFoundError(
+                    f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
+                )
+            src_type = AutoConfig.from_pretrained(path, trust_remote_code=False).model_type \
+                if _model_type(path) != "adaponder" else "adaponder"
+            if src_type == "adaponder":
+                source = cls.from_pretrained(path, dtype=dtype)
+            elif src_type == "gpt_neox":
+                source = GPTNeoXForCausalLM.from_pretrained(path, dtype=dtype)
+            else:
+                raise ValueError(f"{path}: model_type {src_type!r} is not GPT-NeoX/Pythia or AdaPonder")
+        if not isinstance(source, (GPTNeoXForCausalLM, AdaPonderForCausalLM)):
+            raise TypeError(f"expected a GPTNeoXForCausalLM or AdaPonderForCausalLM, got {type(source).__name__}")
+        src_cfg = source.config.to_dict()
+        shape_keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                      "max_position_embeddings", "rope_parameters", "use_parallel_residual", "layer_norm_eps",
+                      "tie_word_embeddings", "hidden_act", "attention_bias", "initializer_range", "bos_token_id",
+                      "eos_token_id", "pad_token_id", "hidden_dropout", "attention_dropout")
+        values = {k: src_cfg[k] for k in shape_keys if k in src_cfg}
+        if isinstance(source, AdaPonderForCausalLM):
+            values.update({k: src_cfg[k] for k in ("input_scale", "embedding_multiplier", "gate_hidden_mult",
+                                                      "gate_activation", "gate_init_bias", "halting_threshold")})
+            if mode == src_cfg["mode"]:
+                values["passes"] = src_cfg["passes"]
+        values["mode"] = mode
+        values.update(overrides)
+        config = AdaPonderConfig(**values)
+        model = cls(config)
+        state = source.state_dict()
+        own = model.state_dict()
+        kept = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        missing = [k for k in own if k not in kept and not k.startswith("gates.")]
+        if missing:
+            raise ValueError(f"backbone weights missing from the source checkpoint: {missing[:5]}")
+        model.load_state_dict(kept, strict=False)
+        return model.to(dtype) if dtype is not None else model
+
+    # -- HF plumbing ------------------------------------------------------------------------------
+    def get_input_embeddings(self):
+        return self.gpt_neox.embed_in
+
+    def set_input_embeddings(self, value):
+        self.gpt_neox.embed_in = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        """Checkpoint whole passes. transformers' per-layer checkpointing would drop ``layer_past`` and
+        with it the K/V alignment (A3), so we checkpoint around each pass instead."""
+        self.pass_checkpointing = True
+
+    def gradient_checkpointing_disable(self):
+        self.pass_checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.pass_checkpointing
+
+    # -- the forward (A1–A10) ---------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        shift_labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        return_pass_logits: bool = False,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> AdaPonderCausalLMOutput:
+        r"""Run K passes (A1–A9) and, with ``labels`` (HF convention: shifted inside) or ``shift_labels``
+        (already aligned with the inputs), the LM loss on the exit-pass logits (A10).
+
+        With ``use_cache`` a :class:`PonderCache` is filled (prefill, A16) or extended (decoding, A15);
+        an empty cache of another type (e.g. the ``DynamicCache`` that ``generate`` makes) is replaced.
+        """
+        cfg = self.config
+        cache = cache if cache is not None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        if use_cache is None:
+            use_cache = cache is not None or (cfg.use_cache and not self.training)
+        if use_cache:
+            cache = self._ponder_cache(cache)
+        else:
+            cache = None
+
+        embed_w = self.gpt_neox.embed_in.weight
+        x0 = self.gpt_neox.embed_in(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length = x0.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+        device = x0.device
+
+        if attention_mask is not None and attention_mask.shape[-1] not in (length, past + length):
+            raise ValueError(
+                f"attention_mask has length {attention_mask.shape[-1]}, expected {past + length} "
+                f"(past {past} + new {length})"
+            )
+        key_padding = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_padding = attention_mask.bool()
+            if key_padding.shape[-1] == length and past:
+                key_padding = torch.cat([key_padding.new_ones(batch, past), key_padding], dim=-1)
+        valid = key_padding[:, -length:] if key_padding is not None else torch.ones(
+            batch, length, dtype=torch.bool, device=device
+        )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)
+        position_ids = position_ids.expand(batch, length)
+
+        impl = cfg._attn_implementation or "sdpa"
+        q_slot = torch.arange(past, past + length, device=device).expand(batch, length)
+        full_mask = None
+        if impl == "eager" or key_padding is not None or (past > 0 and length > 1):
+            full_mask = _attention_mask(q_slot, past + length, key_padding, impl, x0.dtype)
+        cos, sin = self.gpt_neox.rotary_emb(x0, position_ids)
+        compact_ok = cfg.compact_inference and impl != "flash_attention_2" and not torch.is_grad_enabled()
+
+        K = cfg.num_passes
+        scale_tilde = cfg.embedding_scale  # α of Ẽ = α·W_E (A1)
+        E = x0 * cfg.first_pass_scale if cfg.first_pass_scale != 1.0 else x0
+        aligner = KVAligner(cfg.num_hidden_layers, cache)
+        active = torch.ones(batch, length, dtype=torch.bool, device=device)  # m¹ = 1 (A2)
+        exit_pass = torch.ones(batch, length, dtype=torch.long, device=device)
+        z_hat = None
+        gate_values, gate_masks, active_fraction, pass_logits = [], [], [], []
+        n_valid = valid.sum().clamp(min=1)
+
+        for i in range(1, K + 1):
+            active_fraction.append((active & valid).sum() / n_valid)
+            subset = None
+            if i > 1 and compact_ok and not bool(active.all()):
+                subset = TokenSubset.from_mask(active)
+                if subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
+                    for j in range(i, K + 1):
+                        aligner.carry_forward(j)
+                    break
+            h_flat, state_flat = self._run_pass(E, i, active if i > 1 else None, subset, aligner, full_mask, q_slot,
+                                    key_padding, (cos, sin), impl, past)
+            logits_flat = self.lm_head(h_flat)  # z^i = W_out h^i
+            z_i = self._unflatten(logits_flat, subset, batch, length)
+            if return_pass_logits:
+                pass_logits.append(z_i)
+            # A9: a token's prediction is the logits of its exit pass.
+            z_hat = z_i if z_hat is None else torch.where(active[..., None], z_i, z_hat)
+            if i == K:
+                break
+            if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass
+                E = self._unflatten(state_flat, subset, batch, length)
+                exit_pass = exit_pass + 1
+                continue
+            if not cfg.ponders:
+                break
+            e_flat = self._pondering_embedding(logits_flat, embed_w, scale_tilde)  # e^i = softmax(z^i) Ẽ (A4)
+            if cfg.gated:
+                s_flat = self.gates[i - 1](h_flat)  # A5
+                s = self._unflatten(s_flat, subset, batch, length)
+                gate_values.append(torch.where(active, s, torch.zeros_like(s)))
+                gate_masks.append(active & valid)
+                next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
+                step = (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
+            else:
+                next_active = active
+                step = 1.0
+            e = self._unflatten(e_flat, subset, batch, length)
+            E = E + step * e  # A7
+            exit_pass = exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
+            active = next_active
+
+        while len(active_fraction) < K:
+            active_fraction.append(active_fraction[-1] * 0)
+        logits = z_hat
+        lm_loss = self._lm_loss(logits, labels, shift_labels)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
+
+        gv = gm = None
+        if gate_values:
+            gv = torch.stack(gate_values, dim=-1)
+            gm = torch.stack(gate_masks, dim=-1)
+            if gv.shape[-1] < K - 1:  # stopped early: the remaining gates were never evaluated
+                pad = K - 1 - gv.shape[-1]
+                gv = F.pad(gv, (0, pad))
+                gm = F.pad(gm, (0, pad))
+        return AdaPonderCausalLMOutput(
+            loss=lm_loss,
+            logits=logits,
+            cache=cache,
+            lm_loss=lm_loss,
+            exit_pass=exit_pass,
+            gate_values=gv,
+            gate_mask=gm,
+            active_fraction=torch.stack(active_fraction),
+            pass_logits=tuple(pass_logits) if return_pass_logits else None,
+        )
+
+    # -- pieces of the pass loop ---------------------------------------------------------------
+    def _ponder_cache(self, cache: Cache | None) -> PonderCache:
+        if isinstance(cache, PonderCache):
+            return cache
+        if cache is None or cache.get_seq_length() == 0:
+            return PonderCache(self.config.num_passes, self.config.num_hidden_layers)
+        raise TypeError(
+            f"AdaPonder needs a PonderCache (keyed by pass and layer); got a non-empty {type(cache).__name__}"
+        )
+
+    def _run_pass(self, E, pass_idx, active, subset, aligner, full_mask, q_slot, key_padding, rope, impl, past):
+        """Run the layer stack once (A3) and return the final-LN hidden states of the computed tokens,
+        flattened to ``[N, d]`` (N = B·T, or the active tokens when ``subset`` is set), and the
+        pre-norm hidden states in the same layout (the Loop Transformer's feedback)."""
+        cos, sin = rope
+        if subset is not None:
+            hidden = subset.pack(E)
+            rope = (subset.pack(cos), subset.pack(sin))
+            kp = subset.select_rows(key_padding) if key_padding is not None else None
+            mask = _attention_mask(past + subset.token, past + E.shape[1], kp, impl, E.dtype)
+        else:
+            hidden, mask = E, full_mask
+        aligner.begin_pass(pass_idx, active, subset)
+
+        def stack(h):
+            h = self.gpt_neox.emb_dropout(h)
+            for layer in self.gpt_neox.layers:
+                h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope)
+            return h
+
+        if self.pass_checkpointing and self.training and torch.is_grad_enabled():
+            hidden = checkpoint(stack, hidden, use_reentrant=False)
+        else:
+            hidden = stack(hidden)
+        out = self.gpt_neox.final_layer_norm(hidden)
+        if subset is None:
+            return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
+        return out[subset.valid], hidden[subset.valid]
+
+    @staticmethod
+    def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:
+        if subset is None:
+            return flat.reshape(batch, length, *flat.shape[1:])
+        full = flat.new_zeros(batch, length, *flat.shape[1:])
+        full[subset.b_idx, subset.t_idx] = flat
+        return full
+
+    def _pondering_embedding(self, logits: torch.Tensor, embed_w: torch.Tensor, alpha: float) -> torch.Tensor:
+        """``e = softmax(z)·Ẽ`` with ``Ẽ = α·W_E`` (A4), in chunks of ``ponder_chunk_size`` tokens."""
+        chunk = self.config.ponder_chunk_size or logits.shape[0]
+        parts = []
+        for start in range(0, logits.shape[0], chunk):
+            probs = torch.softmax(logits[start:start + chunk].float(), dim=-1).to(embed_w.dtype)
+            parts.append(probs @ embed_w)
+        e = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return e * alpha if alpha != 1.0 else e
+
+    def _lm_loss(self, logits, labels, shift_labels):
+        """A10: mean CE of the exit-pass logits against the next token, ignoring -100."""
+        if labels is None and shift_labels is None:
+            return None
+        if shift_labels is None:
+            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+        return F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1).to(logits.device),
+            ignore_index=-100,
+        )
+
+    # -- accounting (A17) ------------------------------------------------------------------------
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by part: ``embedding`` (input embedding + output head), ``non_embedding``
+        (layers and final norm), ``gates`` (A5), and ``total``. Works on the meta device."""
+        emb = self.gpt_neox.embed_in.weight.numel()
+        if self.lm_head.weight is not self.gpt_neox.embed_in.weight:
+            emb += self.lm_head.weight.numel()
+        layers = sum(p.numel() for p in self.gpt_neox.layers.parameters())
+        layers += sum(p.numel() for p in self.gpt_neox.final_layer_norm.parameters())
+        gates = sum(p.numel() for p in self.gates.parameters())
+        return {"embedding": emb, "non_embedding": layers, "gates": gates, "total": emb + layers + gates}
+
+    def flops_per_token(self, exit_pass: torch.Tensor | None = None, context: int | None = None,
+                        training: bool = False) -> dict[str, float]:
+        """FLOPs per token from the realised exit passes (A17).
+
+        Convention: a matmul of an ``m×n`` weight costs 2·m·n FLOPs per token (forward); attention adds
+        2·2·ctx·d per layer (scores and weighted sum), no causal discount, with ``ctx`` the context
+        length (default: ``max_position_embeddings``); layer norms, softmax and rotary are not counted.
+        A token with exit pass D costs D backbone passes and D head products (2dV each), D−1 pondering
+        products ``softmax(z)·Ẽ`` (2dV each) and min(D, K−1) gate MLPs. ``training=True`` multiplies
+        by 3 (forward + backward). ``exit_pass`` (any shape; padding excluded by the caller) defaults to
+        K for every token. Returns the mean per token of each part, their ``total`` and ``mean_passes``.
+        """
+        cfg = self.config
+        d, L, V, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.num_passes
+        ctx = context if context is not None else cfg.max_position_embeddings
+        ff = cfg.intermediate_size
+        per_layer = 2 * (d * 3 * d + d * d + 2 * d * ff) + 4 * ctx * d
+        if exit_pass is None:
+            D = torch.full((1,), float(K))
+        else:
+            D = exit_pass.float().reshape(-1).cpu()
+        mean_d = float(D.mean())
+        mean_gates = float(torch.clamp(D, max=K - 1).mean()) if cfg.gated else 0.0
+        gate_cost = 2 * (d * cfg.gate_hidden_mult * d + cfg.gate_hidden_mult * d)
+        pondering = float((D - 1).mean()) * 2 * d * V if cfg.ponders else 0.0
+        parts = {
+            "backbone": mean_d * L * per_layer,
+            "head": mean_d * 2 * d * V,
+            "pondering": pondering,
+            "gates": mean_gates * gate_cost,
+        }
+        mult = 3.0 if training else 1.0
+        parts = {k: v * mult for k, v in parts.items()}
+        parts["total"] = sum(parts.values())
+        parts["mean_passes"] = mean_d
+        return parts
+
+    def kv_cache_bytes_per_token(self, exit_pass: torch.Tensor | None = None) -> int:
+        """KV-cache bytes per token: every pass keeps K and V of every layer (halted tokens too, as
+        reused copies), so ``K · L · 2 · d · bytes``."""
+        cfg = self.config
+        return cfg.num_passes * cfg.num_hidden_layers * 2 * cfg.hidden_size * self.dtype.itemsize
+
+
+__all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "PonderGate",
+           "ponder_loss"]
