@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, GPTNeoXModel, PreTrainedModel
+from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -47,6 +48,10 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     pass_logits: tuple[torch.Tensor, ...] | None = None
 
 
+class GateOutput(nn.Linear):
+    """The gate's last layer, a type of its own so weight init can start it at s ≈ 1 (A5)."""
+
+
 class PonderGate(nn.Module):
     """Iteration-specific halting gate (A5): ``s = σ(Linear(d, m·d) → act → Linear(m·d, 1))``."""
 
@@ -55,7 +60,7 @@ class PonderGate(nn.Module):
         width = config.gate_hidden_mult * config.hidden_size
         self.fc_in = nn.Linear(config.hidden_size, width)
         self.act = _GATE_ACTS[config.gate_activation]()
-        self.fc_out = nn.Linear(width, 1)
+        self.fc_out = GateOutput(width, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.fc_out(self.act(self.fc_in(hidden))).squeeze(-1).float())
@@ -118,10 +123,13 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
+        if isinstance(module, GateOutput):
+            # s ≈ 1 at start (A5): gates begin by letting every token ponder. (``hf_init`` skips
+            # tensors loaded from a checkpoint.)
+            hf_init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            hf_init.constant_(module.bias, self.config.gate_init_bias)
+            return
         super()._init_weights(module)
-        if isinstance(module, PonderGate):
-            # s ≈ 1 at start (A5): gates begin by letting every token ponder.
-            nn.init.constant_(module.fc_out.bias, self.config.gate_init_bias)
 
 
 class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
@@ -154,7 +162,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         """
         import os
 
-        from transformers import AutoConfig, GPTNeoXForCausalLM
+        from transformers import GPTNeoXForCausalLM
 
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
@@ -162,8 +170,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 raise FileNotFoundError(
                     f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
                 )
-            src_type = AutoConfig.from_pretrained(path, trust_remote_code=False).model_type \
-                if _model_type(path) != "adaponder" else "adaponder"
+            src_type = _model_type(path)
             if src_type == "adaponder":
                 source = cls.from_pretrained(path, dtype=dtype)
             elif src_type == "gpt_neox":
@@ -385,9 +392,10 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             mask = _attention_mask(past + subset.token, past + E.shape[1], kp, impl, E.dtype)
         else:
             hidden, mask = E, full_mask
-        aligner.begin_pass(pass_idx, active, subset)
 
         def stack(h):
+            # Set inside, so that a checkpointed pass recomputed during backward sees its own pass state.
+            aligner.begin_pass(pass_idx, active, subset)
             h = self.gpt_neox.emb_dropout(h)
             for layer in self.gpt_neox.layers:
                 h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope)

@@ -386,22 +386,31 @@ def last_exit(batch_size: int, num_passes: int, device: torch.device | str | Non
     return torch.full((batch_size,), num_passes - 1, dtype=torch.long, device=device)
 
 
+def _expectation_term(p_i: Tensor, out_i: Tensor, regression: bool) -> Tensor:
+    """One pass's share ``p_i ŷ_i`` of the expectation rule (probabilities for classification).
+    Shared by offline and online code so both round identically."""
+    if regression:
+        return p_i.view(-1, *([1] * (out_i.dim() - 1))) * out_i
+    return p_i[:, None] * torch.softmax(out_i, dim=-1)
+
+
 def expected_prediction(outputs: Tensor, p: Tensor, *, regression: bool = False) -> Tensor:
     """Expectation rule: ``Σ_i p_i ŷ_i`` over all N passes (no early exit).
 
     Classification averages class *probabilities*: returns ``Σ_i p_{b,i} softmax(ŷ_{b,i})`` ``[B, C]``
     (as PALBERT's code; take ``.log()`` for logits, argmax is unchanged). Regression: ``outputs``
-    ``[B, N]`` -> ``[B]`` (or ``[B, N, 1]`` -> ``[B, 1]``).
+    ``[B, N]`` -> ``[B]`` (or ``[B, N, 1]`` -> ``[B, 1]``). Summed pass by pass, in the order
+    :class:`ExitController` accumulates it.
     """
     b, n = _check_bn(p, "p")
     if outputs.shape[:2] != (b, n):
         raise ValueError(f"outputs {tuple(outputs.shape)} do not match p {tuple(p.shape)}")
-    if regression:
-        w = p if outputs.dim() == 2 else p.view(b, n, *([1] * (outputs.dim() - 2)))
-        return (w * outputs).sum(dim=1)
-    if outputs.dim() != 3:
+    if not regression and outputs.dim() != 3:
         raise ValueError(f"classification outputs must be [B, N, C], got {tuple(outputs.shape)}")
-    return (p[..., None] * torch.softmax(outputs, dim=-1)).sum(dim=1)
+    acc = _expectation_term(p[:, 0], outputs[:, 0], regression)
+    for i in range(1, n):
+        acc = acc + _expectation_term(p[:, i], outputs[:, i], regression)
+    return acc
 
 
 def gather_at_exit(outputs: Tensor, exit_idx: Tensor) -> Tensor:

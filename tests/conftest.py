@@ -1,0 +1,36 @@
+"""Shared test setup: offline hub access, deterministic CPU math, tiny configs."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("ADAPONDER_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+torch.set_num_threads(2)
+
+
+def tiny_config(mode="adaponder", **overrides):
+    """Vocab ≤ 1k, width ≤ 128: the unit-test shape."""
+    from adaponder.modeling import AdaPonderConfig
+
+    values = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  vocab_size=97, max_position_embeddings=128, rotary_pct=0.25, use_parallel_residual=True,
+                  tie_word_embeddings=False, mode=mode)
+    values.update(overrides)
+    return AdaPonderConfig(**values)
+
+
+@pytest.fixture
+def shared_data():
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
