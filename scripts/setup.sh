@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment and install AdaPonder into it.
+# torch is installed first and pinned through constraints.txt, so no later resolver step can replace
+# the CPU wheel by a multi-GB CUDA build. On a CUDA machine: TORCH_SPEC="torch==<version>" bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${ADAPONDER_VENV:-.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PIP="$VENV/bin/pip"
+"$PIP" install -q --upgrade pip 2>/dev/null || true
+"$PIP" install -q "$TORCH_SPEC"
+# Pin whichever torch is now installed, so the rest resolves against it.
+"$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-constraint.txt"
+"$PIP" install -q -c "$VENV/torch-constraint.txt" -e ".[dev]"
+echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
