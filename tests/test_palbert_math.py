@@ -9,6 +9,7 @@ raise errors naming file and line.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -39,7 +40,9 @@ from adaponder.palbert.pondernet import (
     sample_exit,
 )
 
-GLUE_DIR = Path("/work/shared/data/glue")
+# Same convention as tests/conftest.py: the shared data pack sits next to the repository.
+SHARED_DATA = Path(os.environ.get("ADAPONDER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+GLUE_DIR = SHARED_DATA / "glue"
 
 
 def _random_lambdas(b: int, n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -299,14 +302,16 @@ def test_last_exit_expectation_and_gather() -> None:
     p = torch.tensor([[0.5, 0.25, 0.25]])
     logits = torch.log(torch.tensor([[[0.9, 0.1], [0.2, 0.8], [0.4, 0.6]]]))
     probs = expected_prediction(logits, p)
-    torch.testing.assert_close(probs, torch.tensor([[0.5 * 0.9 + 0.25 * 0.2 + 0.25 * 0.4, 0.5 * 0.1 + 0.25 * 0.8 + 0.25 * 0.6]]))
+    want = [[0.5 * 0.9 + 0.25 * 0.2 + 0.25 * 0.4, 0.5 * 0.1 + 0.25 * 0.8 + 0.25 * 0.6]]  # Σ_i p_i softmax(ŷ_i)
+    torch.testing.assert_close(probs, torch.tensor(want))
     torch.testing.assert_close(expected_prediction(torch.tensor([[1.0, 2.0, 4.0]]), p, regression=True),
                                torch.tensor([2.0]))  # 0.5·1 + 0.25·2 + 0.25·4
     out = torch.arange(24.0).view(2, 3, 4)
     torch.testing.assert_close(gather_at_exit(out, torch.tensor([2, 0])), torch.stack([out[0, 2], out[1, 0]]))
 
 
-def _run_online(rule: str, lambdas: torch.Tensor, preds: torch.Tensor, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_online(rule: str, lambdas: torch.Tensor, preds: torch.Tensor,
+                **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
     """Drive ExitController as a model would: feed only running rows, drop exited rows, keep their ŷ."""
     b, n = lambdas.shape
     ctrl = ExitController(rule, n, b, **kw)  # type: ignore[arg-type]
@@ -359,6 +364,21 @@ def test_online_matches_offline_pabee(patience: int) -> None:
     offline_r = pabee_exit(reg, patience, regression_threshold=0.2)
     online_r, _ = _run_online("pabee", lam, reg, patience=patience, regression_threshold=0.2)
     assert torch.equal(online_r, offline_r)
+
+
+@pytest.mark.parametrize("regression", [False, True])
+def test_online_matches_offline_expectation(regression: bool) -> None:
+    lam = _random_lambdas(300, 5, seed=14)
+    preds = torch.randn(300, 5) if regression else torch.randn(300, 5, 3)
+    b, n = lam.shape
+    ctrl = ExitController("expectation", n, b, regression=regression)
+    while not ctrl.done:
+        rows, i = ctrl.active, ctrl.pass_idx
+        assert rows.numel() == b  # no early exit under the expectation rule
+        ctrl.step(lambdas=None if i == n - 1 else lam[rows, i], preds=preds[rows, i])
+    assert torch.equal(ctrl.exit_idx, last_exit(b, n))
+    assert ctrl.expected is not None
+    assert torch.equal(ctrl.expected, expected_prediction(preds, exit_distribution(lam), regression=regression))
 
 
 def test_online_matches_offline_last_and_misuse() -> None:
@@ -552,3 +572,33 @@ def test_tokenize_batch_pairs_truncation_and_padding() -> None:
     assert batches[0]["labels"].tolist() == pytest.approx([3.8, 0.0, 3.8, 0.0])
     with pytest.raises(ValueError):
         glue.encode_pair(_toy_encode, "a", "b", sep_ids=[0] * 128)
+
+
+TOKENIZER_JSON = SHARED_DATA / "tokenizers" / "gpt-neox-20b" / "tokenizer.json"
+
+
+@pytest.mark.skipif(not TOKENIZER_JSON.is_file() or not GLUE_DIR.is_dir(),
+                    reason="shared tokenizer / GLUE data not present")
+def test_batches_with_the_pythia_tokenizer() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(TOKENIZER_JSON))
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    dev = glue.load_glue_split(GLUE_DIR, "rte", "dev")
+    # pad_id 1 = <|padding|>, separator 0 = <|endoftext|>
+    batches = list(glue.iter_batches(dev, encode, pad_id=1, sep_ids=[0], batch_size=32))
+    assert sum(b["input_ids"].shape[0] for b in batches) == len(dev) == 277
+    for b in batches:
+        ids, mask = b["input_ids"], b["attention_mask"]
+        assert ids.shape[1] <= 128 and mask.sum(1).min() > 0
+        lengths = mask.sum(1)
+        # Right padding: the mask is a prefix of ones and every padded slot holds pad_id.
+        assert torch.equal(mask, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long())
+        assert torch.all(ids[mask == 0] == 1)
+        assert torch.all((ids == 0).sum(1) == 1)  # exactly one separator per pair
+    assert max(b["attention_mask"].sum(1).max().item() for b in batches) == 128  # long RTE pairs are truncated
+    first = dev[0]
+    want = encode(first.text_a) + [0] + encode(first.text_b or "")
+    assert batches[0]["input_ids"][0, : len(want)].tolist() == want[:128]

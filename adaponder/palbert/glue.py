@@ -321,7 +321,8 @@ def tokenize_batch(examples: Sequence[GlueExample], encode: Callable[[str], list
 
 def iter_batches(examples: Sequence[GlueExample], encode: Callable[[str], list[int]], *, pad_id: int,
                  sep_ids: Sequence[int], batch_size: int = 32, max_length: int = 128,
-                 suffix_ids: Sequence[int] = (), order: Sequence[int] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+                 suffix_ids: Sequence[int] = (),
+                 order: Sequence[int] | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """Batches of ``batch_size`` (B8: 32) in ``order`` (default: file order; pass a permutation to shuffle).
 
     Each call encodes every example once; to reuse encodings across epochs call

@@ -9,7 +9,7 @@ Training (B4–B7): ``λ = LambdaLayer(...)`` per pass -> ``p = exit_distributio
 functions (:func:`q_exit`, :func:`sample_exit`, :func:`pabee_exit`, :func:`last_exit`,
 :func:`expected_prediction`) take all N passes; :class:`ExitController` makes the same decisions
 online, one pass at a time, so exited examples can be dropped before the next pass is computed.
-The online and offline forms share their per-pass arithmetic and give identical exits.
+The online and offline forms share their per-pass arithmetic and give identical results.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
     "ExitController",
 ]
 
-ExitRule = Literal["q", "sample", "pabee", "last"]
+ExitRule = Literal["q", "sample", "pabee", "last", "expectation"]
 KLDirection = Literal["prior_to_p", "p_to_prior"]
 
 
@@ -91,7 +91,7 @@ class LambdaLayer(nn.Module):
             nn.init.constant_(self.out.bias, init_bias)
 
     def logits(self, c: Tensor, c_prev: Tensor | None = None) -> Tensor:
-        """Pre-sigmoid ``λ_i`` logits ``[...]`` for pooled vectors ``c`` ``[..., d]`` (``c_prev``: ``c_{i−1}``, None = 0)."""
+        """Pre-sigmoid ``λ_i`` logits ``[...]`` for pooled ``c`` ``[..., d]``; ``c_prev = c_{i−1}`` (None = 0)."""
         if c.shape[-1] != self.d:
             raise ValueError(f"expected pooled vectors of width {self.d}, got shape {tuple(c.shape)}")
         if self.mode == "palbert":
@@ -165,7 +165,8 @@ def log_exit_distribution(lambda_logits: Tensor) -> Tensor:
 
 def geometric_prior(num_passes: int, lambda_p: float = 0.1, *, dtype: torch.dtype = torch.float32,
                     device: torch.device | str | None = None) -> Tensor:
-    """B6: ``p_G(i) = λ_p (1 − λ_p)^{i−1}`` for ``i < N``; the last entry takes the remainder ``(1 − λ_p)^{N−1}``.
+    """B6: ``p_G(i) = λ_p (1 − λ_p)^{i−1}`` for ``i < N``; the last entry takes the remainder
+    ``(1 − λ_p)^{N−1}``.
 
     Computed in float64 then cast, so it sums to 1 to the precision of ``dtype``.
     """
@@ -184,7 +185,8 @@ def kl_regulariser(p: Tensor, prior: Tensor, direction: KLDirection = "prior_to_
     """B6: ``L_reg = mean_b KL(·‖·)`` between each row of ``p`` ``[B, N]`` and ``prior`` ``[N]`` (or ``[B, N]``).
 
     * ``direction="prior_to_p"`` (default, PALBERT's code): ``KL(p_G ‖ p_b) = Σ_i p_G(i) log(p_G(i) / p_{b,i})``.
-    * ``direction="p_to_prior"`` (the PALBERT / PonderNet papers): ``KL(p_b ‖ p_G) = Σ_i p_{b,i} log(p_{b,i} / p_G(i))``.
+    * ``direction="p_to_prior"`` (the PALBERT / PonderNet papers):
+      ``KL(p_b ‖ p_G) = Σ_i p_{b,i} log(p_{b,i} / p_G(i))``.
 
     ``log_p`` (e.g. :func:`log_exit_distribution`) is used when given; otherwise ``log p`` is taken with
     ``p`` clamped to the dtype's smallest normal number, so an underflowed ``p_i = 0`` gives a large
@@ -249,7 +251,8 @@ def pondernet_loss(outputs: Tensor, labels: Tensor, p: Tensor, *, beta: float = 
 
 
 def pabee_loss(outputs: Tensor, labels: Tensor) -> Tensor:
-    """PABEE's training loss (section (b), "other exit rules"): ``Σ_i i·L_i / Σ_i i``, ``L_i = mean_b ℓ(ŷ_{b,i}, y_b)``.
+    """PABEE's training loss (section (b), "other exit rules"): ``Σ_i i·L_i / Σ_i i``,
+    ``L_i = mean_b ℓ(ŷ_{b,i}, y_b)``.
 
     ``i`` is 1-based, so deeper heads weigh more. ``outputs`` as in :func:`per_pass_loss` (one head per pass).
     """
@@ -295,6 +298,7 @@ def sample_exit(lambdas: Tensor, generator: torch.Generator | None = None) -> Te
 
     One ``torch.rand(B)`` is drawn per pass ``i < N`` (in order, float32, on ``lambdas.device``), which is
     the stream :class:`ExitController` consumes, so both agree for equally seeded generators.
+    ``generator`` (None = the global RNG) must live on ``lambdas.device``.
 
     Returns:
         ``exit_idx`` ``[B]`` int64.
@@ -451,6 +455,9 @@ class ExitController:
     * ``"pabee"``: previous prediction and patience counter; needs ``preds`` (logits ``[n, C]``, class ids
       ``[n]``, or regression values ``[n]``/``[n, 1]`` with ``regression_threshold``). Equals :func:`pabee_exit`.
     * ``"last"``: nothing; everyone exits at pass N (:func:`last_exit`).
+    * ``"expectation"``: everyone runs N passes; accumulates ``Σ_i p_i ŷ_i`` into :attr:`expected`
+      (``[B, C]`` probabilities, or ``[B]``/``[B, 1]`` with ``regression=True``). Needs ``lambdas`` at
+      passes < N and ``preds`` at every pass. Equals ``expected_prediction(ŷ, exit_distribution(λ))``.
 
     At the last pass every running example exits and no inputs are needed (``λ_N`` is unused, B4).
     Exactness holds for identical per-row inputs; a model whose λ or logits change with the batch
@@ -459,9 +466,10 @@ class ExitController:
 
     def __init__(self, rule: ExitRule, num_passes: int, batch_size: int, *, q: float = 0.5,
                  patience: int | None = None, regression_threshold: float | None = None,
-                 generator: torch.Generator | None = None, device: torch.device | str | None = None) -> None:
-        if rule not in ("q", "sample", "pabee", "last"):
-            raise ValueError(f"rule must be one of 'q', 'sample', 'pabee', 'last', got {rule!r}")
+                 regression: bool = False, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None) -> None:
+        if rule not in ("q", "sample", "pabee", "last", "expectation"):
+            raise ValueError(f"rule must be one of 'q', 'sample', 'pabee', 'last', 'expectation', got {rule!r}")
         if num_passes < 1 or batch_size < 0:
             raise ValueError(f"need num_passes >= 1 and batch_size >= 0, got {num_passes}, {batch_size}")
         self.rule = rule
@@ -470,13 +478,16 @@ class ExitController:
         self.q = q
         self.patience = _check_patience(patience) if rule == "pabee" else patience
         self.regression_threshold = regression_threshold
+        self.regression = regression
         self.generator = generator
         device = torch.device("cpu") if device is None else torch.device(device)
         self.active = torch.arange(batch_size, device=device)
         self.exit_idx = torch.full((batch_size,), -1, dtype=torch.long, device=device)
         self.pass_idx = 0
-        self._survive: Tensor | None = None  # q: ∏_{j<i}(1 − λ_j) of running rows
+        self._survive: Tensor | None = None  # q, expectation: ∏_{j<i}(1 − λ_j) of running rows
         self._cdf: Tensor | None = None  # q: Σ_{j<i} p_j of running rows
+        self._acc: Tensor | None = None  # expectation: Σ_{j<i} p_j ŷ_j (nobody exits before N)
+        self.expected: Tensor | None = None  # expectation: [B, ...] result, set at the last pass
         self._counter = torch.zeros(batch_size, dtype=torch.long, device=device)  # pabee
         self._prev: Tensor | None = None  # pabee: previous pass's prediction
 
@@ -494,7 +505,7 @@ class ExitController:
         return lam
 
     def step(self, *, lambdas: Tensor | None = None, preds: Tensor | None = None) -> Tensor:
-        """Advance one pass; ``lambdas``/``preds`` are for the ``active`` rows, in order. Returns exits ``[n]`` (bool)."""
+        """Advance one pass given ``lambdas``/``preds`` of the ``active`` rows, in order; returns exits ``[n]``."""
         if self.done:
             raise RuntimeError("all examples have already exited")
         n = self.active.numel()
@@ -513,6 +524,24 @@ class ExitController:
             lam = self._lambdas(lambdas, n)
             u = _uniform(self.batch_size, self.generator, lam.device)
             exits = (u[self.active.to(lam.device)] < lam.float()).to(device)
+        elif self.rule == "expectation":
+            if preds is None or preds.shape[0] != n:
+                raise ValueError(f"rule 'expectation' needs preds for the {n} running examples at pass "
+                                 f"{self.pass_idx}, got {None if preds is None else tuple(preds.shape)}")
+            if last:
+                # p_N = ∏_{j<N}(1 − λ_j): the remaining mass (B4).
+                p_i = self._survive if self._survive is not None else torch.ones(n, dtype=preds.dtype,
+                                                                                 device=preds.device)
+            else:
+                lam = self._lambdas(lambdas, n)
+                if self._survive is None:
+                    self._survive = torch.ones_like(lam)
+                p_i, self._survive = _halt_step(self._survive, lam)
+            term = _expectation_term(p_i, preds, self.regression)
+            self._acc = term if self._acc is None else self._acc + term
+            if last:
+                self.expected = self._acc.new_zeros((self.batch_size, *self._acc.shape[1:]))
+                self.expected[self.active.to(self._acc.device)] = self._acc
         elif self.rule == "pabee":
             if preds is None:
                 raise ValueError(f"rule 'pabee' needs preds at pass {self.pass_idx}")
@@ -532,8 +561,9 @@ class ExitController:
         self._counter = self._counter[keep]
         if self._prev is not None:
             self._prev = self._prev[keep]
-        if self._survive is not None and self._cdf is not None:
-            keep_lam = keep.to(self._survive.device)
-            self._survive, self._cdf = self._survive[keep_lam], self._cdf[keep_lam]
+        if self._survive is not None:
+            self._survive = self._survive[keep.to(self._survive.device)]
+        if self._cdf is not None:
+            self._cdf = self._cdf[keep.to(self._cdf.device)]
         self.pass_idx += 1
         return exits
