@@ -314,11 +314,15 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             h_flat, state_flat = self._run_pass(E, i, active if i > 1 else None, subset, aligner, full_mask, q_slot,
                                     key_padding, (cos, sin), impl, past)
             logits_flat = self.lm_head(h_flat)  # z^i = W_out h^i
-            z_i = self._unflatten(logits_flat, subset, batch, length)
+            # A9: a token's prediction is the logits of its exit pass.
+            if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
+                z_hat[subset.b_idx, subset.t_idx] = logits_flat
+                z_i = self._unflatten(logits_flat, subset, batch, length) if return_pass_logits else None
+            else:
+                z_i = logits_flat.reshape(batch, length, -1)
+                z_hat = z_i if z_hat is None else torch.where(active[..., None], z_i, z_hat)
             if return_pass_logits:
                 pass_logits.append(z_i)
-            # A9: a token's prediction is the logits of its exit pass.
-            z_hat = z_i if z_hat is None else torch.where(active[..., None], z_i, z_hat)
             if i == K:
                 break
             if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass

@@ -37,7 +37,14 @@ class PonderCache(Cache):
 
     def append(self, pass_idx: int, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
         """Append the new tokens' aligned K/V; returns the full cached K/V of that (pass, layer)."""
-        return self.pass_layer(pass_idx, layer_idx).update(keys, values)
+        layer = self.pass_layer(pass_idx, layer_idx)
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            # First write (prefill): keep the tensors as they are instead of copying them into a
+            # concatenation; later passes may share one tensor (a halted token's reused K/V).
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            return keys, values
+        return layer.update(keys, values)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # every (pass, layer) holds the same tokens
         return self.layers[0].get_seq_length() if self.layers[0].is_initialized else 0
