@@ -29,6 +29,29 @@ _GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh
 
 
 @dataclass
+class PassContext:
+    """Per-call inputs shared by all passes (see ``AdaPonderForCausalLM.pass_context``)."""
+
+    x0: torch.Tensor  # W_E[x], [B, T, d]
+    E0: torch.Tensor  # first-pass input, c·Ẽ[x] (A1)
+    batch: int
+    length: int
+    past: int  # tokens already in the cache
+    valid: torch.Tensor  # [B, T] non-padding
+    key_padding: torch.Tensor | None  # [B, past + T], None when nothing is padded
+    full_mask: torch.Tensor | None  # the attention mask when every token is computed
+    rope: tuple[torch.Tensor, torch.Tensor]
+    impl: str
+
+    def select_rows(self, rows: torch.Tensor) -> "PassContext":
+        """The same context for a subset of the batch (examples that have not exited yet)."""
+        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
+        rope = tuple(t.index_select(0, rows) if t.shape[0] > 1 else t for t in self.rope)
+        return PassContext(pick(self.x0), pick(self.E0), int(rows.numel()), self.length, self.past,
+                           pick(self.valid), pick(self.key_padding), pick(self.full_mask), rope, self.impl)
+
+
+@dataclass
 class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus halting statistics.
 
@@ -241,6 +264,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_pass_logits: bool = False,
+        halting_policy=None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> AdaPonderCausalLMOutput:
@@ -249,6 +273,8 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
         With ``use_cache`` a :class:`PonderCache` is filled (prefill, A16) or extended (decoding, A15);
         an empty cache of another type (e.g. the ``DynamicCache`` that ``generate`` makes) is replaced.
+        ``halting_policy(pass_idx, active, s, valid) -> bool [B, T]`` replaces the threshold rule of A6
+        (which tokens stay active after this pass); the mask stays monotone whatever it returns.
         """
         cfg = self.config
         cache = cache if cache is not None else past_key_values
@@ -256,45 +282,14 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         if use_cache is None:
             use_cache = cache is not None or (cfg.use_cache and not self.training)
-        if use_cache:
-            cache = self._ponder_cache(cache)
-        else:
-            cache = None
-
-        embed_w = self.gpt_neox.embed_in.weight
-        x0 = self.gpt_neox.embed_in(input_ids) if inputs_embeds is None else inputs_embeds
-        batch, length = x0.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
+        cache = self._ponder_cache(cache) if use_cache else None
+        ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
+        x0, batch, length, valid = ctx.x0, ctx.batch, ctx.length, ctx.valid
         device = x0.device
-
-        if attention_mask is not None and attention_mask.shape[-1] not in (length, past + length):
-            raise ValueError(
-                f"attention_mask has length {attention_mask.shape[-1]}, expected {past + length} "
-                f"(past {past} + new {length})"
-            )
-        key_padding = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_padding = attention_mask.bool()
-            if key_padding.shape[-1] == length and past:
-                key_padding = torch.cat([key_padding.new_ones(batch, past), key_padding], dim=-1)
-        valid = key_padding[:, -length:] if key_padding is not None else torch.ones(
-            batch, length, dtype=torch.bool, device=device
-        )
-        if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)
-        position_ids = position_ids.expand(batch, length)
-
-        impl = cfg._attn_implementation or "sdpa"
-        q_slot = torch.arange(past, past + length, device=device).expand(batch, length)
-        full_mask = None
-        if impl == "eager" or key_padding is not None or (past > 0 and length > 1):
-            full_mask = _attention_mask(q_slot, past + length, key_padding, impl, x0.dtype)
-        cos, sin = self.gpt_neox.rotary_emb(x0, position_ids)
-        compact_ok = cfg.compact_inference and impl != "flash_attention_2" and not torch.is_grad_enabled()
+        compact_ok = cfg.compact_inference and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
 
         K = cfg.num_passes
-        scale_tilde = cfg.embedding_scale  # α of Ẽ = α·W_E (A1)
-        E = x0 * cfg.first_pass_scale if cfg.first_pass_scale != 1.0 else x0
+        E = ctx.E0
         aligner = KVAligner(cfg.num_hidden_layers, cache)
         active = torch.ones(batch, length, dtype=torch.bool, device=device)  # m¹ = 1 (A2)
         exit_pass = torch.ones(batch, length, dtype=torch.long, device=device)
@@ -311,8 +306,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                     for j in range(i, K + 1):
                         aligner.carry_forward(j)
                     break
-            h_flat, state_flat = self._run_pass(E, i, active if i > 1 else None, subset, aligner, full_mask, q_slot,
-                                    key_padding, (cos, sin), impl, past)
+            h_flat, state_flat = self.run_pass(E, ctx, i, aligner, active if i > 1 else None, subset)
             logits_flat = self.lm_head(h_flat)  # z^i = W_out h^i
             # A9: a token's prediction is the logits of its exit pass.
             if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
@@ -331,13 +325,16 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 continue
             if not cfg.ponders:
                 break
-            e_flat = self._pondering_embedding(logits_flat, embed_w, scale_tilde)  # e^i = softmax(z^i) Ẽ (A4)
+            e_flat = self.pondering_embedding(logits_flat)  # e^i = softmax(z^i) Ẽ (A4)
             if cfg.gated:
                 s_flat = self.gates[i - 1](h_flat)  # A5
                 s = self._unflatten(s_flat, subset, batch, length)
                 gate_values.append(torch.where(active, s, torch.zeros_like(s)))
                 gate_masks.append(active & valid)
-                next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
+                if halting_policy is None:
+                    next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
+                else:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
+                    next_active = active & halting_policy(i, active, s.detach(), valid).bool()
                 step = (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
             else:
                 next_active = active
@@ -384,18 +381,57 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             f"AdaPonder needs a PonderCache (keyed by pass and layer); got a non-empty {type(cache).__name__}"
         )
 
-    def _run_pass(self, E, pass_idx, active, subset, aligner, full_mask, q_slot, key_padding, rope, impl, past):
-        """Run the layer stack once (A3) and return the final-LN hidden states of the computed tokens,
-        flattened to ``[N, d]`` (N = B·T, or the active tokens when ``subset`` is set), and the
-        pre-norm hidden states in the same layout (the Loop Transformer's feedback)."""
-        cos, sin = rope
+    def pass_context(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                     cache: PonderCache | None = None) -> "PassContext":
+        """Everything a pass needs besides its input: embeddings, masks, rotary tables (A1, A2)."""
+        cfg = self.config
+        x0 = self.gpt_neox.embed_in(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length = x0.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+        device = x0.device
+        if attention_mask is not None and attention_mask.shape[-1] not in (length, past + length):
+            raise ValueError(
+                f"attention_mask has length {attention_mask.shape[-1]}, expected {past + length} "
+                f"(past {past} + new {length})"
+            )
+        key_padding = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_padding = attention_mask.bool()
+            if key_padding.shape[-1] == length and past:
+                key_padding = torch.cat([key_padding.new_ones(batch, past), key_padding], dim=-1)
+        valid = key_padding[:, -length:] if key_padding is not None else torch.ones(
+            batch, length, dtype=torch.bool, device=device
+        )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + length, device=device).unsqueeze(0)
+        position_ids = position_ids.expand(batch, length)
+        impl = cfg._attn_implementation or "sdpa"
+        q_slot = torch.arange(past, past + length, device=device).expand(batch, length)
+        full_mask = None
+        if impl == "eager" or key_padding is not None or (past > 0 and length > 1):
+            full_mask = _attention_mask(q_slot, past + length, key_padding, impl, x0.dtype)
+        cos, sin = self.gpt_neox.rotary_emb(x0, position_ids)
+        E0 = x0 * cfg.first_pass_scale if cfg.first_pass_scale != 1.0 else x0  # E⁰ = c·Ẽ[x] (A1)
+        return PassContext(x0, E0, batch, length, past, valid, key_padding, full_mask, (cos, sin), impl)
+
+    def run_pass(self, E, ctx: "PassContext", pass_idx: int, aligner: KVAligner | None = None,
+                 active: torch.Tensor | None = None, subset: TokenSubset | None = None):
+        """Run the layer stack once over ``E`` (A3) and return the final-LN hidden states of the computed
+        tokens flattened to ``[N, d]`` (N = B·T, or the active tokens when ``subset`` is set), and the
+        pre-norm hidden states in the same layout (the Loop Transformer's feedback).
+
+        ``aligner`` carries K/V alignment (A3) and the cache across passes; a fresh one (no cache) is
+        used when omitted, e.g. by the sequence classifier, whose passes see every token.
+        """
+        aligner = aligner if aligner is not None else KVAligner(self.config.num_hidden_layers, None)
+        cos, sin = ctx.rope
         if subset is not None:
             hidden = subset.pack(E)
             rope = (subset.pack(cos), subset.pack(sin))
-            kp = subset.select_rows(key_padding) if key_padding is not None else None
-            mask = _attention_mask(past + subset.token, past + E.shape[1], kp, impl, E.dtype)
+            kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
+            mask = _attention_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
         else:
-            hidden, mask = E, full_mask
+            hidden, mask, rope = E, ctx.full_mask, ctx.rope
 
         def stack(h):
             # Set inside, so that a checkpointed pass recomputed during backward sees its own pass state.
@@ -422,8 +458,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         full[subset.b_idx, subset.t_idx] = flat
         return full
 
-    def _pondering_embedding(self, logits: torch.Tensor, embed_w: torch.Tensor, alpha: float) -> torch.Tensor:
+    def pondering_embedding(self, logits: torch.Tensor) -> torch.Tensor:
         """``e = softmax(z)·Ẽ`` with ``Ẽ = α·W_E`` (A4), in chunks of ``ponder_chunk_size`` tokens."""
+        embed_w, alpha = self.gpt_neox.embed_in.weight, self.config.embedding_scale
         chunk = self.config.ponder_chunk_size or logits.shape[0]
         parts = []
         for start in range(0, logits.shape[0], chunk):

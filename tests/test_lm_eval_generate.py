@@ -1,0 +1,55 @@
+"""lm-eval's HFLM runs a generate_until task with the model and its PonderCache (issue 5, acceptance 3)."""
+
+import json
+
+import pytest
+import torch
+
+
+def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import PreTrainedTokenizerFast
+
+    from adaponder.modeling import AdaPonderForCausalLM
+    from conftest import tiny_config
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(shared_data / "tokenizers/gpt-neox-20b/tokenizer.json"),
+                                  eos_token="<|endoftext|>", pad_token="<|padding|>")
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config("adaponder", vocab_size=50304, gate_init_bias=0.0,
+                                             halting_threshold=0.5, eos_token_id=0, pad_token_id=1)).eval()
+    docs = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (10, 5)]]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(json.dumps(d) for d in docs))
+    (tmp_path / "tiny_gen.yaml").write_text(f"""
+task: tiny_generate
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""")
+    hflm = HFLM(pretrained=model, tokenizer=tok, batch_size=2, max_length=64)
+    results = simple_evaluate(model=hflm, tasks=["tiny_generate"], task_manager=TaskManager(include_path=str(tmp_path)),
+                              log_samples=True)
+    assert "exact_match,none" in results["results"]["tiny_generate"]
+    samples = results["samples"]["tiny_generate"]
+    assert len(samples) == 3
+    # what HFLM generated is what greedy cached generation gives for the same prompt
+    prompt = samples[0]["arguments"][0][0] if isinstance(samples[0]["arguments"][0], (list, tuple)) \
+        else samples[0]["arguments"]["gen_args_0"]["arg_0"]
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=6, do_sample=False)
+    text = tok.decode(out[0, ids.shape[1]:]).split("\n")[0]
+    assert samples[0]["resps"][0][0] == text
