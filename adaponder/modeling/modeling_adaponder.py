@@ -24,6 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_adaponder import AdaPonderConfig
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
+from .pondering import pondering_from_hidden
 
 _GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
@@ -293,9 +294,10 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         aligner = KVAligner(cfg.num_hidden_layers, cache)
         active = torch.ones(batch, length, dtype=torch.bool, device=device)  # m¹ = 1 (A2)
         exit_pass = torch.ones(batch, length, dtype=torch.long, device=device)
-        z_hat = None
+        h_hat = None  # final-LN hidden state of each token's exit pass; ẑ = W_out ĥ (A9)
         gate_values, gate_masks, active_fraction, pass_logits = [], [], [], []
         n_valid = valid.sum().clamp(min=1)
+        grad = torch.is_grad_enabled()
 
         for i in range(1, K + 1):
             active_fraction.append((active & valid).sum() / n_valid)
@@ -307,16 +309,15 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                         aligner.carry_forward(j)
                     break
             h_flat, state_flat = self.run_pass(E, ctx, i, aligner, active if i > 1 else None, subset)
-            logits_flat = self.lm_head(h_flat)  # z^i = W_out h^i
-            # A9: a token's prediction is the logits of its exit pass.
+            # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
+            # keeping a B×T×V logits tensor per pass.
             if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
-                z_hat[subset.b_idx, subset.t_idx] = logits_flat
-                z_i = self._unflatten(logits_flat, subset, batch, length) if return_pass_logits else None
+                h_hat[subset.b_idx, subset.t_idx] = h_flat
             else:
-                z_i = logits_flat.reshape(batch, length, -1)
-                z_hat = z_i if z_hat is None else torch.where(active[..., None], z_i, z_hat)
+                h_i = h_flat.reshape(batch, length, -1)
+                h_hat = h_i if h_hat is None else torch.where(active[..., None], h_i, h_hat)
             if return_pass_logits:
-                pass_logits.append(z_i)
+                pass_logits.append(self.lm_head(self._unflatten(h_flat, subset, batch, length)))
             if i == K:
                 break
             if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass
@@ -325,7 +326,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 continue
             if not cfg.ponders:
                 break
-            e_flat = self.pondering_embedding(logits_flat)  # e^i = softmax(z^i) Ẽ (A4)
+            s = None
             if cfg.gated:
                 s_flat = self.gates[i - 1](h_flat)  # A5
                 s = self._unflatten(s_flat, subset, batch, length)
@@ -335,20 +336,19 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                     next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
                 else:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
                     next_active = active & halting_policy(i, active, s.detach(), valid).bool()
-                step = (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
             else:
                 next_active = active
-                step = 1.0
-            e = self._unflatten(e_flat, subset, batch, length)
-            E = E + step * e  # A7
+            E = self._ponder_update(E, h_flat, s, next_active, subset, grad)  # A4, A7
             exit_pass = exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
             active = next_active
 
         while len(active_fraction) < K:
             active_fraction.append(active_fraction[-1] * 0)
-        logits = z_hat
+        if logits_to_keep and labels is None and shift_labels is None:  # generate(): only the last logits
+            h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
+        logits = self.lm_head(h_hat)
         lm_loss = self._lm_loss(logits, labels, shift_labels)
-        if logits_to_keep:
+        if logits_to_keep and logits.shape[1] == length:
             logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
 
         gv = gm = None
@@ -449,6 +449,36 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         if subset is None:
             return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
         return out[subset.valid], hidden[subset.valid]
+
+    def _ponder_update(self, E, h_flat, s, next_active, subset, grad):
+        """``E^i = E^{i-1} + m^{i+1}·s^i·e^i`` (A7) with ``e^i = softmax(W_out h^i)·Ẽ`` (A4).
+
+        Training computes e for every token (masked). Without gradients only tokens that go on to
+        the next pass need it, so only those are computed (A15–A17: D−1 pondering products).
+        """
+        batch, length = E.shape[:2]
+        if grad:
+            e = self._unflatten(self.ponder_from_hidden(h_flat), subset, batch, length)
+            step = 1.0 if s is None else (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
+            return E + step * e
+        if subset is None:
+            rows = next_active.reshape(-1).nonzero().squeeze(1)
+            b_idx, t_idx = rows // length, rows % length
+        else:
+            keep = next_active[subset.b_idx, subset.t_idx]
+            rows = keep.nonzero().squeeze(1)
+            b_idx, t_idx = subset.b_idx[keep], subset.t_idx[keep]
+        if rows.numel() == 0:
+            return E
+        e = self.ponder_from_hidden(h_flat.index_select(0, rows))
+        if s is not None:
+            e = e * s[b_idx, t_idx].to(e.dtype)[:, None]
+        return E.index_put((b_idx, t_idx), E[b_idx, t_idx] + e)
+
+    def ponder_from_hidden(self, h_flat: torch.Tensor) -> torch.Tensor:
+        """A4 from final-LN hidden states ``[N, d]``, chunked, never storing ``[N, V]`` for backward."""
+        return pondering_from_hidden(h_flat, self.lm_head.weight, self.gpt_neox.embed_in.weight,
+                                     self.config.embedding_scale, self.config.ponder_chunk_size)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:

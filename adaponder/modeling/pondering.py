@@ -1,0 +1,67 @@
+"""The pondering embedding (A4) computed in chunks, without keeping a B×T×V tensor for backward.
+
+``e = α · softmax(h W_outᵀ) · W_E``. Done naively, autograd keeps the probabilities P (B×T×V) of every
+pondering pass until backward — at a 50k vocabulary that dominates training memory. Here the forward
+runs over chunks of rows and saves only ``h``; backward recomputes each chunk's probabilities. The price
+is one extra ``h W_outᵀ`` product per pondering pass in backward.
+
+This file travels with saved checkpoints: torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _chunk_probs(h: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+    return torch.softmax((h @ w_out.t()).float(), dim=-1)
+
+
+class _ChunkedPondering(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w_out, w_emb, alpha: float, chunk: int):
+        out = torch.empty(h.shape[0], w_emb.shape[1], dtype=h.dtype, device=h.device)
+        for start in range(0, h.shape[0], chunk):
+            probs = _chunk_probs(h[start:start + chunk], w_out).to(w_emb.dtype)
+            out[start:start + chunk] = (probs @ w_emb) * alpha
+        ctx.save_for_backward(h, w_out, w_emb)
+        ctx.alpha, ctx.chunk = alpha, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, w_out, w_emb = ctx.saved_tensors
+        alpha, chunk = ctx.alpha, ctx.chunk
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w_out = torch.zeros_like(w_out, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_w_emb = torch.zeros_like(w_emb, dtype=torch.float32) if ctx.needs_input_grad[2] else None
+        for start in range(0, h.shape[0], chunk):
+            hc, g = h[start:start + chunk], grad_out[start:start + chunk] * alpha
+            probs = _chunk_probs(hc, w_out)  # recomputed: P is never stored
+            if grad_w_emb is not None:
+                grad_w_emb += (probs.to(g.dtype).t() @ g).float()
+            d_probs = (g @ w_emb.t()).float()
+            d_logits = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True))  # softmax backward
+            d_logits = d_logits.to(h.dtype)
+            if grad_h is not None:
+                grad_h[start:start + chunk] = d_logits @ w_out
+            if grad_w_out is not None:
+                grad_w_out += (d_logits.t() @ hc).float()
+        cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
+        return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None
+
+
+def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Tensor, alpha: float,
+                          chunk: int = 0) -> torch.Tensor:
+    """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
+
+    ``chunk`` rows at a time (0 = a default that bounds the probability block to ~64 M entries). With
+    gradients, probabilities are recomputed in backward instead of stored.
+    """
+    n, vocab = h.shape[0], w_out.shape[0]
+    chunk = chunk or max(1, min(n, (1 << 26) // max(vocab, 1)))
+    if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
+        return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk)
+    parts = [(_chunk_probs(h[s:s + chunk], w_out).to(w_emb.dtype) @ w_emb) for s in range(0, n, chunk)]
+    e = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return e * alpha if alpha != 1.0 else e
