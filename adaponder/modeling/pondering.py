@@ -14,7 +14,9 @@ import torch
 
 
 def _chunk_probs(h: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
-    return torch.softmax((h @ w_out.t()).float(), dim=-1)
+    logits = h @ w_out.t()
+    # softmax in at least fp32 (bf16 logits over 50k entries lose the tail mass)
+    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
 
 class _ChunkedPondering(torch.autograd.Function):
@@ -33,20 +35,20 @@ class _ChunkedPondering(torch.autograd.Function):
         h, w_out, w_emb = ctx.saved_tensors
         alpha, chunk = ctx.alpha, ctx.chunk
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w_out = torch.zeros_like(w_out, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        grad_w_emb = torch.zeros_like(w_emb, dtype=torch.float32) if ctx.needs_input_grad[2] else None
+        grad_w_out = torch.zeros_like(w_out, dtype=torch.promote_types(w_out.dtype, torch.float32)) if ctx.needs_input_grad[1] else None
+        grad_w_emb = torch.zeros_like(w_emb, dtype=torch.promote_types(w_emb.dtype, torch.float32)) if ctx.needs_input_grad[2] else None
         for start in range(0, h.shape[0], chunk):
             hc, g = h[start:start + chunk], grad_out[start:start + chunk] * alpha
             probs = _chunk_probs(hc, w_out)  # recomputed: P is never stored
             if grad_w_emb is not None:
-                grad_w_emb += (probs.to(g.dtype).t() @ g).float()
-            d_probs = (g @ w_emb.t()).float()
+                grad_w_emb += (probs.to(g.dtype).t() @ g).to(grad_w_emb.dtype)
+            d_probs = (g @ w_emb.t()).to(probs.dtype)
             d_logits = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True))  # softmax backward
             d_logits = d_logits.to(h.dtype)
             if grad_h is not None:
                 grad_h[start:start + chunk] = d_logits @ w_out
             if grad_w_out is not None:
-                grad_w_out += (d_logits.t() @ hc).float()
+                grad_w_out += (d_logits.t() @ hc).to(grad_w_out.dtype)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
         return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None
 
