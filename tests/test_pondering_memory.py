@@ -37,3 +37,25 @@ def test_chunked_pondering_keeps_no_vocab_sized_tensor():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         pondering_from_hidden(h, w_out, w_emb, alpha=1.0, chunk=16).sum().backward()
     assert max(saved) <= v * d < n * v
+
+
+def test_chunked_cross_entropy_matches_full_logits():
+    from adaponder.modeling import AdaPonderForCausalLM
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5,
+                                             ponder_chunk_size=7)).train()
+    ids = torch.randint(0, 97, (3, 11))
+    labels = ids.clone()
+    labels[1, :4] = -100
+    grads = []
+    for return_logits in (True, False):
+        model.zero_grad()
+        out = model(ids, labels=labels, return_logits=return_logits)
+        assert (out.logits is None) != return_logits
+        out.loss.backward()
+        grads.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b)

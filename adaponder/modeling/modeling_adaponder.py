@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_adaponder import AdaPonderConfig
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
-from .pondering import pondering_from_hidden
+from .pondering import linear_cross_entropy, pondering_from_hidden
 
 _GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
@@ -265,6 +265,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         return_pass_logits: bool = False,
+        return_logits: bool = True,
         halting_policy=None,
         past_key_values: Cache | None = None,
         **kwargs,
@@ -274,6 +275,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
         With ``use_cache`` a :class:`PonderCache` is filled (prefill, A16) or extended (decoding, A15);
         an empty cache of another type (e.g. the ``DynamicCache`` that ``generate`` makes) is replaced.
+        ``return_logits=False`` (training) computes the loss in chunks without the ``[B, T, V]`` logits.
         ``halting_policy(pass_idx, active, s, valid) -> bool [B, T]`` replaces the threshold rule of A6
         (which tokens stay active after this pass); the mask stays monotone whatever it returns.
         """
@@ -344,12 +346,20 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
         while len(active_fraction) < K:
             active_fraction.append(active_fraction[-1] * 0)
-        if logits_to_keep and labels is None and shift_labels is None:  # generate(): only the last logits
-            h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
-        logits = self.lm_head(h_hat)
-        lm_loss = self._lm_loss(logits, labels, shift_labels)
-        if logits_to_keep and logits.shape[1] == length:
-            logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
+        targets = self._targets(labels, shift_labels)
+        if not return_logits:  # training: A10 chunked, the [B, T, V] logits never exist
+            logits = None
+            lm_loss = None if targets is None else linear_cross_entropy(
+                h_hat.reshape(-1, h_hat.shape[-1]), self.lm_head.weight, targets.reshape(-1).to(device),
+                cfg.ponder_chunk_size)
+        else:
+            if logits_to_keep and targets is None:  # generate(): only the last logits are needed
+                h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
+            logits = self.lm_head(h_hat)
+            lm_loss = None if targets is None else F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), ignore_index=-100)
+            if logits_to_keep and logits.shape[1] == length:
+                logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
 
         gv = gm = None
         if gate_values:
@@ -499,16 +509,15 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         e = parts[0] if len(parts) == 1 else torch.cat(parts)
         return e * alpha if alpha != 1.0 else e
 
-    def _lm_loss(self, logits, labels, shift_labels):
-        """A10: mean CE of the exit-pass logits against the next token, ignoring -100."""
-        if labels is None and shift_labels is None:
-            return None
-        if shift_labels is None:
-            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
-        return F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1).to(logits.device),
-            ignore_index=-100,
-        )
+    @staticmethod
+    def _targets(labels, shift_labels):
+        """Next-token targets aligned with the inputs (A10): ``shift_labels`` as given, or ``labels``
+        shifted left (HF convention); -100 is ignored."""
+        if shift_labels is not None:
+            return shift_labels
+        if labels is not None:
+            return F.pad(labels[:, 1:], (0, 1), value=-100)
+        return None
 
     # -- accounting (A17) ------------------------------------------------------------------------
     def parameter_counts(self) -> dict[str, int]:

@@ -67,3 +67,49 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
     parts = [(_chunk_probs(h[s:s + chunk], w_out).to(w_emb.dtype) @ w_emb) for s in range(0, n, chunk)]
     e = parts[0] if len(parts) == 1 else torch.cat(parts)
     return e * alpha if alpha != 1.0 else e
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean CE of ``h W_outᵀ`` against ``targets`` (-100 ignored), chunked, logits recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, h, w_out, targets, chunk: int):
+        valid = targets != -100
+        n_valid = int(valid.sum())
+        total = torch.zeros((), dtype=torch.float64, device=h.device)
+        for start in range(0, h.shape[0], chunk):
+            logits = h[start:start + chunk] @ w_out.t()
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            tgt = targets[start:start + chunk]
+            ok = tgt != -100
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
+            total += ((lse - picked) * ok).sum().double()
+        ctx.save_for_backward(h, w_out, targets)
+        ctx.chunk, ctx.n_valid = chunk, max(n_valid, 1)
+        return (total / ctx.n_valid).to(torch.promote_types(h.dtype, torch.float32))
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, w_out, targets = ctx.saved_tensors
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(w_out, dtype=torch.promote_types(w_out.dtype, torch.float32)) \
+            if ctx.needs_input_grad[1] else None
+        scale = grad / ctx.n_valid
+        for start in range(0, h.shape[0], ctx.chunk):
+            hc, tgt = h[start:start + ctx.chunk], targets[start:start + ctx.chunk]
+            probs = _chunk_probs(hc, w_out)
+            ok = (tgt != -100)
+            probs[torch.arange(len(tgt), device=h.device), tgt.clamp(min=0)] -= 1.0
+            d_logits = (probs * (ok[:, None] * scale).to(probs.dtype)).to(h.dtype)
+            if grad_h is not None:
+                grad_h[start:start + ctx.chunk] = d_logits @ w_out
+            if grad_w is not None:
+                grad_w += (d_logits.t() @ hc).to(grad_w.dtype)
+        return grad_h, None if grad_w is None else grad_w.to(w_out.dtype), None, None
+
+
+def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """A10 without materialising the ``[N, V]`` logits: mean CE of ``h W_outᵀ`` over targets ≠ -100."""
+    chunk = chunk or max(1, min(h.shape[0], (1 << 26) // max(w_out.shape[0], 1)))
+    return _ChunkedLinearCrossEntropy.apply(h, w_out, targets, chunk)

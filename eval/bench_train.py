@@ -1,0 +1,212 @@
+"""Training-step benchmark: AdaPonder vs PonderLM mode vs the naive PonderLM-style reference (issue 8).
+
+At Pythia-70M shape (random weights, seq 512 by default) it measures, side by side in one run, the
+time, tokens/s and peak memory of a full training step (forward, backward, AdamW step) for
+
+  naive       HF ``GPTNeoXForCausalLM`` run K times with the pondering feedback (what PonderLM's public
+              code does: logits and softmax of every pass kept for backward);
+  hf-1pass    plain HF GPT-NeoX, one pass (the MFU reference);
+  ponderlm    ``AdaPonderForCausalLM`` in ``ponderlm`` mode;
+  adaponder   ``AdaPonderForCausalLM`` in ``adaponder`` mode (gates open, λ·ponder loss included);
+
+plus the matmul peak FLOP/s of this machine measured in the same run, and prints ratios. Every
+configuration runs in its own subprocess, so peak memory is that process's high-water mark (RSS)
+above the model + optimizer state, which is the same for all variants.
+
+    python eval/bench_train.py                          # the acceptance run (~15 min on 2 cores)
+    python eval/bench_train.py --batches 1 --steps 2    # quick look
+    python eval/bench_train.py --compile                # adds torch.compile variants
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> float:
+    """Sustained FLOP/s of a square matmul (the denominator of MFU on this machine)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        count += 1
+    return 2 * n**3 * count / (time.perf_counter() - t0)
+
+
+def build(variant: str, size: str, dtype: torch.dtype):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from adaponder.modeling import AdaPonderForCausalLM, ponder_loss, pythia_config, pythia_shape
+
+    torch.manual_seed(0)
+    if variant in ("naive", "hf-1pass"):
+        shape = pythia_shape(size)
+        cfg = GPTNeoXConfig(**{k: v for k, v in shape.items() if k not in ("rotary_pct", "rotary_emb_base")},
+                            rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                             "rope_type": "default"})
+        cfg._attn_implementation = "sdpa"
+        model = GPTNeoXForCausalLM(cfg).to(dtype)
+        K = pythia_config(size, mode="ponderlm").passes if variant == "naive" else 1
+        alpha = pythia_config(size, mode="ponderlm").embedding_scale
+
+        def step_loss(x, y):
+            w_tilde = alpha * model.gpt_neox.embed_in.weight
+            if K == 1:
+                return model(input_ids=x).logits.float().flatten(0, 1), y
+            E = w_tilde[x]
+            for i in range(K):  # PonderLM's public code: the whole HF model, K times
+                logits = model(inputs_embeds=E).logits
+                if i < K - 1:
+                    E = E + torch.softmax(logits.float(), -1).to(dtype) @ w_tilde
+            return logits.float().flatten(0, 1), y
+
+        def loss_fn(x, y):
+            logits, y = step_loss(x, y)
+            return torch.nn.functional.cross_entropy(logits, y.flatten())
+
+        flops_model = AdaPonderForCausalLM(pythia_config(size, mode="ponderlm" if K > 1 else "vanilla",
+                                                         **({} if K > 1 else {"passes": 1})))
+        return model, loss_fn, flops_model
+    mode = variant.split("+")[0]
+    model = AdaPonderForCausalLM(pythia_config(size, mode=mode)).to(dtype)
+
+    def loss_fn(x, y):
+        out = model(input_ids=x, shift_labels=y, use_cache=False, return_logits=False)
+        loss = out.loss
+        if out.gate_values is not None:
+            loss = loss + 0.1 * ponder_loss(out.gate_values, out.gate_mask, 0.1)
+        return loss
+
+    return model, loss_fn, model
+
+
+def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps: int, compile_: bool) -> dict:
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model, loss_fn, flops_model = build(variant, size, dtype)
+    model.train()
+    if compile_:
+        loss_fn = torch.compile(loss_fn)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
+    for p in model.parameters():  # materialise grads and Adam state before measuring
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    x = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    inp, tgt = x[:, :-1], x[:, 1:]
+    base = rss_bytes()
+    times = []
+    for _ in range(steps + 1):  # the first step is a warm-up
+        t0 = time.perf_counter()
+        loss = loss_fn(inp, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    step = statistics.median(times[1:])
+    flops = flops_model.flops_per_token(None, context=seq, training=True)["total"] * batch * seq
+    return {"variant": variant + ("+compile" if compile_ else ""), "dtype": dtype_name, "batch": batch,
+            "seq": seq, "step_s": step, "tokens_s": batch * seq / step, "flops_s": flops / step,
+            "peak_mem_gb": max(peak, 0) / 1e9, "loss": float(loss)}
+
+
+def run_one(args, variant, dtype, batch, compile_=False) -> dict | None:
+    cmd = [sys.executable, __file__, "--worker", variant, "--size", args.size, "--dtype", dtype, "--batch",
+           str(batch), "--seq", str(args.seq), "--steps", str(args.steps)] + (["--compile"] if compile_ else [])
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"  {variant} {dtype} b={batch}: FAILED\n{res.stderr[-2000:]}", file=sys.stderr)
+        return None
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"  {out['variant']:<18} {dtype} batch {batch}: {out['step_s']:.2f} s/step, {out['tokens_s']:.0f} tok/s, "
+          f"peak +{out['peak_mem_gb']:.2f} GB", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="70m")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batches", default="1,4", help="batch sizes for the speed comparison")
+    ap.add_argument("--memory-batch", type=int, default=8, help="batch for the memory comparison (0 = skip)")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile'd adaponder/ponderlm steps")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.steps, args.compile)))
+        return
+
+    print(f"Training-step benchmark: Pythia-{args.size} shape, seq {args.seq}, {torch.get_num_threads()} threads")
+    peaks = {d: matmul_peak({"fp32": torch.float32, "bf16": torch.bfloat16}[d]) for d in args.dtypes.split(",")}
+    for d, p in peaks.items():
+        print(f"  matmul peak {d}: {p / 1e9:.1f} GFLOP/s")
+    results = []
+    for dtype in args.dtypes.split(","):
+        for batch in [int(b) for b in args.batches.split(",")]:
+            for variant in ("naive", "hf-1pass", "ponderlm", "adaponder"):
+                results.append(run_one(args, variant, dtype, batch))
+            if args.compile:
+                for variant in ("ponderlm", "adaponder"):
+                    results.append(run_one(args, variant, dtype, batch, compile_=True))
+    mem = []
+    if args.memory_batch:
+        for variant in ("naive", "ponderlm", "adaponder"):
+            mem.append(run_one(args, variant, "fp32", args.memory_batch))
+    results = [r for r in results if r]
+
+    print("\n== speed (step time ratios; targets: adaponder ≤ 1.10 × ponderlm, ponderlm ≤ 1.00 × naive) ==")
+    print(f"{'dtype':<5} {'batch':>5} | {'naive s':>8} {'ponderlm s':>10} {'adaponder s':>11} | "
+          f"{'ponderlm/naive':>14} {'adaponder/ponderlm':>18} | {'MFU hf-1pass':>12} {'MFU adaponder':>13}")
+    by = {(r["variant"], r["dtype"], r["batch"]): r for r in results}
+    for dtype in args.dtypes.split(","):
+        for batch in [int(b) for b in args.batches.split(",")]:
+            n, p, a, h = (by.get((v, dtype, batch)) for v in ("naive", "ponderlm", "adaponder", "hf-1pass"))
+            if not (n and p and a and h):
+                continue
+            print(f"{dtype:<5} {batch:>5} | {n['step_s']:>8.2f} {p['step_s']:>10.2f} {a['step_s']:>11.2f} | "
+                  f"{p['step_s'] / n['step_s']:>14.3f} {a['step_s'] / p['step_s']:>18.3f} | "
+                  f"{h['flops_s'] / peaks[dtype]:>12.1%} {a['flops_s'] / peaks[dtype]:>13.1%}")
+            for v in ("ponderlm", "adaponder"):
+                c = by.get((v + "+compile", dtype, batch))
+                if c:
+                    print(f"      {v}+compile: {c['step_s']:.2f} s/step ({c['step_s'] / by[(v, dtype, batch)]['step_s']:.3f}"
+                          f" × eager)")
+    mem = [m for m in mem if m]
+    if mem:
+        print(f"\n== peak memory of a training step, fp32, batch {args.memory_batch} × {args.seq}, no activation "
+              f"checkpointing (target: adaponder ≤ 0.6 × naive) ==")
+        ref = next((m for m in mem if m["variant"] == "naive"), None)
+        for m in mem:
+            ratio = f"{m['peak_mem_gb'] / ref['peak_mem_gb']:.2f} × naive" if ref else ""
+            print(f"  {m['variant']:<10} +{m['peak_mem_gb']:.2f} GB  {ratio}  ({m['step_s']:.1f} s/step)")
+    if args.json:
+        args.json.write_text(json.dumps({"peaks": peaks, "speed": results, "memory": mem}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
