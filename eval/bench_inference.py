@@ -64,15 +64,22 @@ def calibrate(model: AdaPonderForCausalLM, ids: torch.Tensor, saving: float) -> 
         model(ids, use_cache=False)
         hook.remove()
         pre = seen[0] - gate.fc_out.bias
-        gate.fc_out.bias.fill_(float(target - torch.quantile(pre.float(), share)))
+        gate.fc_out.bias.fill_(float(target - torch.quantile(pre.float().cpu(), share)))
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        _sync()
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -86,11 +93,13 @@ def decode_cached(model, prompt, new_tokens):
     out = model(prompt, use_cache=True)
     cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
     exits = []
+    _sync()
     t0 = time.perf_counter()
     for _ in range(new_tokens):
         out = model(nxt, cache=cache, use_cache=True)
         cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
         exits.append(out.exit_pass)
+    _sync()
     return time.perf_counter() - t0, torch.cat(exits, 1)
 
 
@@ -117,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke test)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if args.threads:
@@ -124,13 +135,15 @@ def main(argv=None):
     if args.quick:
         args.new_tokens, args.recompute_tokens, args.repeats = 8, 1, 1
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(pythia_config(args.size, mode="adaponder")).eval()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = AdaPonderForCausalLM(pythia_config(args.size, mode="adaponder")).to(args.device, dtype).eval()
     K = model.config.passes
     gen = torch.Generator().manual_seed(0)
-    calib = torch.randint(2, model.config.vocab_size, (4, args.context), generator=gen)
-    prompt = torch.randint(2, model.config.vocab_size, (args.batch, args.context), generator=gen)
+    calib = torch.randint(2, model.config.vocab_size, (4, args.context), generator=gen).to(args.device)
+    prompt = torch.randint(2, model.config.vocab_size, (args.batch, args.context), generator=gen).to(args.device)
     prefill_ids = prompt[:1]
-    print(f"AdaPonder inference benchmark: Pythia-{args.size} shape, K={K}, fp32, {torch.get_num_threads()} threads, "
+    print(f"AdaPonder inference benchmark: Pythia-{args.size} shape, K={K}, {args.dtype} on {args.device}, "
+          f"{torch.get_num_threads()} threads, "
           f"context {args.context}, decode batch {args.batch}, {args.new_tokens} new tokens")
 
     off_state = None

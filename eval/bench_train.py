@@ -41,14 +41,22 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 3.0) -> float:
+def sync(device: str):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_peak(dtype: torch.dtype, device: str = "cpu", seconds: float = 3.0) -> float:
     """Sustained FLOP/s of a square matmul (the denominator of MFU on this machine)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    n = 8192 if device.startswith("cuda") else 2048
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     a @ b
+    sync(device)
     count, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
         count += 1
+    sync(device)
     return 2 * n**3 * count / (time.perf_counter() - t0)
 
 
@@ -99,10 +107,11 @@ def build(variant: str, size: str, dtype: torch.dtype):
     return model, loss_fn, model
 
 
-def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps: int, compile_: bool) -> dict:
+def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps: int, compile_: bool,
+           device: str = "cpu") -> dict:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     model, loss_fn, flops_model = build(variant, size, dtype)
-    model.train()
+    model.to(device).train()
     if compile_:
         loss_fn = torch.compile(loss_fn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
@@ -111,9 +120,13 @@ def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps
     opt.step()
     g = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
-    x = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
     inp, tgt = x[:, :-1], x[:, 1:]
-    base = rss_bytes()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else rss_bytes()
     times = []
     for _ in range(steps + 1):  # the first step is a warm-up
         t0 = time.perf_counter()
@@ -121,8 +134,12 @@ def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
+        sync(device)
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     step = statistics.median(times[1:])
     flops = flops_model.flops_per_token(None, context=seq, training=True)["total"] * batch * seq
     return {"variant": variant + ("+compile" if compile_ else ""), "dtype": dtype_name, "batch": batch,
@@ -132,7 +149,8 @@ def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps
 
 def run_one(args, variant, dtype, batch, compile_=False) -> dict | None:
     cmd = [sys.executable, __file__, "--worker", variant, "--size", args.size, "--dtype", dtype, "--batch",
-           str(batch), "--seq", str(args.seq), "--steps", str(args.steps)] + (["--compile"] if compile_ else [])
+           str(batch), "--seq", str(args.seq), "--steps", str(args.steps), "--device", args.device]
+    cmd += ["--compile"] if compile_ else []
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         print(f"  {variant} {dtype} b={batch}: FAILED\n{res.stderr[-2000:]}", file=sys.stderr)
@@ -152,23 +170,27 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd adaponder/ponderlm steps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--variants", default="naive,hf-1pass,ponderlm,adaponder")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.steps, args.compile)))
+        print(json.dumps(worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.steps, args.compile,
+                                args.device)))
         return
 
     print(f"Training-step benchmark: Pythia-{args.size} shape, seq {args.seq}, {torch.get_num_threads()} threads")
-    peaks = {d: matmul_peak({"fp32": torch.float32, "bf16": torch.bfloat16}[d]) for d in args.dtypes.split(",")}
+    peaks = {d: matmul_peak({"fp32": torch.float32, "bf16": torch.bfloat16}[d], args.device)
+             for d in args.dtypes.split(",")}
     for d, p in peaks.items():
         print(f"  matmul peak {d}: {p / 1e9:.1f} GFLOP/s")
     results = []
     for dtype in args.dtypes.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
-            for variant in ("naive", "hf-1pass", "ponderlm", "adaponder"):
+            for variant in args.variants.split(","):
                 results.append(run_one(args, variant, dtype, batch))
             if args.compile:
                 for variant in ("ponderlm", "adaponder"):
@@ -176,7 +198,7 @@ def main(argv=None):
     mem = []
     if args.memory_batch:
         for variant in ("naive", "ponderlm", "adaponder"):
-            mem.append(run_one(args, variant, "fp32", args.memory_batch))
+            mem.append(run_one(args, variant, args.dtypes.split(",")[0], args.memory_batch))
     results = [r for r in results if r]
 
     print("\n== speed (step time ratios; targets: adaponder ≤ 1.10 × ponderlm, ponderlm ≤ 1.00 × naive) ==")
@@ -186,11 +208,13 @@ def main(argv=None):
     for dtype in args.dtypes.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
             n, p, a, h = (by.get((v, dtype, batch)) for v in ("naive", "ponderlm", "adaponder", "hf-1pass"))
-            if not (n and p and a and h):
+            if not a:
                 continue
-            print(f"{dtype:<5} {batch:>5} | {n['step_s']:>8.2f} {p['step_s']:>10.2f} {a['step_s']:>11.2f} | "
-                  f"{p['step_s'] / n['step_s']:>14.3f} {a['step_s'] / p['step_s']:>18.3f} | "
-                  f"{h['flops_s'] / peaks[dtype]:>12.1%} {a['flops_s'] / peaks[dtype]:>13.1%}")
+            ratio = lambda x, y: f"{x['step_s'] / y['step_s']:.3f}" if x and y else "-"  # noqa: E731
+            secs = lambda x: f"{x['step_s']:.2f}" if x else "-"  # noqa: E731
+            mfu_h = f"{h['flops_s'] / peaks[dtype]:.1%}" if h else "-"
+            print(f"{dtype:<5} {batch:>5} | {secs(n):>8} {secs(p):>10} {secs(a):>11} | "
+                  f"{ratio(p, n):>14} {ratio(a, p):>18} | {mfu_h:>12} {a['flops_s'] / peaks[dtype]:>13.1%}")
             for v in ("ponderlm", "adaponder"):
                 c = by.get((v + "+compile", dtype, batch))
                 if c:
