@@ -519,6 +519,14 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             return F.pad(labels[:, 1:], (0, 1), value=-100)
         return None
 
+    def external_parameters(self) -> list[nn.Parameter]:
+        """Parameters read outside their own module's ``forward``: the pondering embedding (A4) and the
+        chunked loss use ``W_out`` and ``W_E`` directly. Under DeepSpeed ZeRO-3 register them on the
+        model (``deepspeed.zero.register_external_parameter(model, p)``) so they are gathered for the
+        whole forward; the model itself stays free of DeepSpeed."""
+        params = [self.lm_head.weight, self.gpt_neox.embed_in.weight]
+        return [p for i, p in enumerate(params) if all(p is not q for q in params[:i])]
+
     # -- accounting (A17) ------------------------------------------------------------------------
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by part: ``embedding`` (input embedding + output head), ``non_embedding``
