@@ -74,8 +74,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w_out, targets, chunk: int):
-        valid = targets != -100
-        n_valid = int(valid.sum())
+        n_valid = (targets != -100).sum().clamp(min=1)  # a tensor: no host sync, no graph break
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         for start in range(0, h.shape[0], chunk):
             logits = h[start:start + chunk] @ w_out.t()
@@ -86,8 +85,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             picked = logits.gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
             total += ((lse - picked) * ok).sum().double()
         ctx.save_for_backward(h, w_out, targets)
-        ctx.chunk, ctx.n_valid = chunk, max(n_valid, 1)
-        return (total / ctx.n_valid).to(torch.promote_types(h.dtype, torch.float32))
+        ctx.chunk, ctx.n_valid = chunk, n_valid
+        return (total / n_valid).to(torch.promote_types(h.dtype, torch.float32))
 
     @staticmethod
     def backward(ctx, grad):
