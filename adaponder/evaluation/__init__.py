@@ -1,0 +1,53 @@
+"""Evaluation of AdaPonder checkpoints: lm-eval, perplexity / bits per byte, halting analysis,
+iso-FLOPs fixed-pruning controls, the τ compute dial, plots and a Markdown report.
+
+Modules (each usable on its own; ``python -m adaponder.evaluation.<module> --help``):
+
+* :mod:`~adaponder.evaluation.settings` — load a checkpoint with pinned recurrence settings (K, τ, exit rule).
+* :mod:`~adaponder.evaluation.perplexity` — sliding-window token NLL, perplexity and bits per byte.
+* :mod:`~adaponder.evaluation.halting` — per-token dump, exit-pass histogram, mean NLL by exit pass.
+* :mod:`~adaponder.evaluation.pruning` — fixed pruning (uniform / geometric exit histograms at a target mean).
+* :mod:`~adaponder.evaluation.dial` — τ sweep: perplexity vs realised FLOPs.
+* :mod:`~adaponder.evaluation.plots` — PNG figures (matplotlib, Agg).
+* :mod:`~adaponder.evaluation.lm_eval_model` — the ``adaponder`` lm-eval model (imports lm-eval; not loaded here).
+* :mod:`~adaponder.evaluation.cli` — ``adaponder-eval``: lm-eval's CLI with the ``adaponder`` model registered.
+* :mod:`~adaponder.evaluation.report` — ``adaponder-report``: everything above in one ``report.md``.
+
+Names are imported lazily so that ``import adaponder.evaluation`` stays cheap (no lm-eval, no matplotlib).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "RecurrenceSettings": "settings",
+    "load_for_eval": "settings",
+    "Document": "perplexity",
+    "TokenScores": "perplexity",
+    "load_documents": "perplexity",
+    "sliding_windows": "perplexity",
+    "score_documents": "perplexity",
+    "summarize": "perplexity",
+    "bits_per_byte": "perplexity",
+    "exit_histogram": "halting",
+    "nll_by_exit_pass": "halting",
+    "write_token_dump": "halting",
+    "FixedPruningPolicy": "pruning",
+    "target_histogram": "pruning",
+    "uniform_histogram": "pruning",
+    "geometric_histogram": "pruning",
+    "halting_rates": "pruning",
+    "make_policy": "pruning",
+    "sweep_tau": "dial",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,93 @@
+"""``adaponder-eval``: lm-eval's command line with the ``adaponder`` model registered.
+
+Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
+
+* ``--model`` defaults to ``adaponder``;
+* a checkpoint folder given as the first argument becomes ``checkpoint=...`` in ``--model_args``;
+* ``--include_path`` defaults to the repository's ``eval/tasks`` (the offline ``adaponder_*`` tasks) when it
+  exists;
+* after lm-eval's results table, the recurrence settings and the realised compute (mean exit pass, exit
+  histogram, FLOPs per token and × one pass) are printed; they are also in the results JSON under
+  ``config.adaponder``.
+
+Examples::
+
+    adaponder-eval runs/demo/hf --tasks adaponder_lambada_openai --limit 100 --batch_size 8
+    adaponder-eval --model_args checkpoint=CKPT,halting_threshold=0.1,exit_rule=uniform \\
+        --tasks adaponder_suite --num_fewshot 5 --output_path out/
+    python -m adaponder.evaluation.cli ...      # the same without the console script
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def default_task_path() -> Path | None:
+    """``<repo>/eval/tasks`` next to the ``adaponder`` package (a source checkout / editable install)."""
+    import adaponder
+
+    path = Path(adaponder.__file__).resolve().parents[1] / "eval" / "tasks"
+    return path if path.is_dir() else None
+
+
+def _has(argv: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def build_argv(argv: Sequence[str]) -> list[str]:
+    """lm-eval arguments from ``adaponder-eval`` arguments (see module doc)."""
+    argv = list(argv)
+    ckpt = None
+    if argv and not argv[0].startswith("-") and argv[0] not in ("run", "ls", "validate"):
+        ckpt = argv.pop(0)
+    if not (argv and argv[0] in ("ls", "validate")):
+        if argv and argv[0] == "run":
+            argv.pop(0)
+        if not _has(argv, "--model"):
+            argv = ["--model", "adaponder", *argv]
+        if ckpt is not None:
+            if _has(argv, "--model_args"):
+                i = next(i for i, a in enumerate(argv) if a == "--model_args" or a.startswith("--model_args="))
+                if argv[i] == "--model_args":
+                    argv[i + 1] = f"checkpoint={ckpt},{argv[i + 1]}"
+                else:
+                    argv[i] = f"--model_args=checkpoint={ckpt},{argv[i].split('=', 1)[1]}"
+            else:
+                argv += ["--model_args", f"checkpoint={ckpt}"]
+        argv = ["run", *argv]
+    if not _has(argv, "--include_path") and (tasks := default_task_path()) is not None:
+        argv += ["--include_path", str(tasks)]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.utils import setup_logging
+
+    from .lm_eval_model import AdaPonderLM  # registers the "adaponder" model
+
+    args = build_argv(sys.argv[1:] if argv is None else argv)
+    setup_logging()
+    parser = HarnessCLI()
+    saved = sys.argv
+    sys.argv = ["adaponder-eval", *args]
+    try:
+        parsed = parser.parse_args()
+    finally:
+        sys.argv = saved
+    parser.execute(parsed)
+    for lm in AdaPonderLM.instances:
+        print(lm.settings.banner())
+        print("[adaponder] realised compute")
+        for line in lm.summary_lines():
+            print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

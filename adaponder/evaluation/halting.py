@@ -1,0 +1,142 @@
+"""Halting analysis: where do the gates spend compute?
+
+* :func:`write_token_dump` — one row per scored token: document, position, token id, token text, exit pass
+  (D_t of A8, the passes spent on the position that predicts this token) and NLL (nats). ``.jsonl`` or ``.tsv``.
+* :func:`exit_histogram` — tokens per exit pass.
+* :func:`nll_by_exit_pass` — mean NLL (and perplexity) of the tokens of each exit pass: if the gates spend
+  compute on hard tokens, tokens that ran more passes have higher NLL.
+
+Command line (scores the data with the learned policy, then writes the dump and prints the tables)::
+
+    python -m adaponder.evaluation.halting CKPT --data FILE... --dump tokens.tsv [--plots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .accounting import exit_histogram
+from .perplexity import Document, TokenScores
+
+
+def nll_by_exit_pass(scores: TokenScores) -> list[dict]:
+    """Rows ``{exit_pass, tokens, fraction, mean_nll, ppl}`` for exit passes 1..K (empty passes have NaN NLL)."""
+    rows = []
+    n = max(len(scores), 1)
+    for k in range(1, scores.passes + 1):
+        sel = scores.exit_pass == k
+        count = int(sel.sum())
+        mean = float(scores.nll[sel].mean()) if count else float("nan")
+        rows.append({"exit_pass": k, "tokens": count, "fraction": count / n, "mean_nll": mean,
+                     "ppl": math.exp(mean) if count else float("nan")})
+    return rows
+
+
+def _token_texts(tokenizer, ids: np.ndarray) -> dict[int, str]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    out = {}
+    for i in np.unique(ids).tolist():
+        text = backend.decode([i], skip_special_tokens=False) if backend is not None else tokenizer.decode([i])
+        out[i] = text
+    return out
+
+
+def write_token_dump(scores: TokenScores, tokenizer, path: str | Path, docs: Sequence[Document] | None = None) -> Path:
+    """Write one row per scored token (JSON Lines for ``.jsonl``/``.json``, else tab-separated with a header).
+
+    Columns: ``doc`` (index, or name when ``docs`` is given), ``position`` (index of the token in its
+    document), ``token_id``, ``token`` (decoded text; in TSV, tabs/newlines are escaped as ``\\t``/``\\n``),
+    ``exit_pass``, ``nll`` (nats).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    texts = _token_texts(tokenizer, scores.token)
+    names = [d.name for d in docs] if docs is not None else None
+    jsonl = path.suffix in (".jsonl", ".json")
+    with open(path, "w", encoding="utf-8") as fh:
+        if not jsonl:
+            fh.write("doc\tposition\ttoken_id\ttoken\texit_pass\tnll\n")
+        for d, pos, tid, ep, nll in zip(scores.doc.tolist(), scores.position.tolist(), scores.token.tolist(),
+                                        scores.exit_pass.tolist(), scores.nll.tolist()):
+            doc = names[d] if names is not None else d
+            if jsonl:
+                fh.write(json.dumps({"doc": doc, "position": pos, "token_id": tid, "token": texts[tid],
+                                     "exit_pass": ep, "nll": round(nll, 6)}, ensure_ascii=False) + "\n")
+            else:
+                text = texts[tid].replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+                fh.write(f"{doc}\t{pos}\t{tid}\t{text}\t{ep}\t{nll:.6f}\n")
+    return path
+
+
+def read_token_dump(path: str | Path) -> list[dict]:
+    """Rows of a dump written by :func:`write_token_dump` (numbers parsed)."""
+    path = Path(path)
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        if path.suffix in (".jsonl", ".json"):
+            return [json.loads(line) for line in fh if line.strip()]
+        header = fh.readline().rstrip("\n").split("\t")
+        for line in fh:
+            vals = dict(zip(header, line.rstrip("\n").split("\t")))
+            for k in ("position", "token_id", "exit_pass"):
+                vals[k] = int(vals[k])
+            vals["nll"] = float(vals["nll"])
+            rows.append(vals)
+    return rows
+
+
+def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
+    """The ``k`` most frequent token ids among those that ran all K passes, with their mean NLL."""
+    sel = scores.exit_pass == scores.passes
+    ids, counts = np.unique(scores.token[sel], return_counts=True)
+    top = np.argsort(-counts)[:k]
+    texts = _token_texts(tokenizer, ids[top]) if len(top) else {}
+    return [{"token": texts[int(ids[i])], "count": int(counts[i]),
+             "mean_nll": float(scores.nll[sel][scores.token[sel] == ids[i]].mean())} for i in top]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import plots
+    from .perplexity import _Codec, add_data_args, add_recurrence_args, load_all, score_documents
+    from .settings import load_for_eval, settings_of
+
+    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.halting", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    add_data_args(p)
+    add_recurrence_args(p)
+    p.add_argument("--dump", default="tokens.tsv", help="per-token dump (.tsv or .jsonl)")
+    p.add_argument("--plots", default=None, help="folder for exit_histogram.png and nll_by_exit_pass.png")
+    args = p.parse_args(argv)
+    if args.exit_rule != "learned":
+        p.error("the halting analysis describes the learned policy; use --exit-rule learned")
+    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    print(settings_of(model, args.checkpoint).banner())
+    codec = _Codec(tok)
+    docs = load_all(args.data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
+                             pad_id=codec.pad_id, progress=True)
+    write_token_dump(scores, tok, args.dump, docs)
+    print(f"per-token dump: {args.dump} ({len(scores)} tokens)")
+    print("| exit pass | tokens | fraction | mean NLL | perplexity |\n|---:|---:|---:|---:|---:|")
+    for r in nll_by_exit_pass(scores):
+        print(f"| {r['exit_pass']} | {r['tokens']} | {r['fraction']:.4f} | {r['mean_nll']:.4f} | {r['ppl']:.2f} |")
+    if args.plots:
+        out = Path(args.plots)
+        plots.exit_histogram_png(exit_histogram(scores.exit_pass, scores.passes), out / "exit_histogram.png")
+        plots.nll_by_exit_png(nll_by_exit_pass(scores), out / "nll_by_exit_pass.png")
+        print(f"plots: {out}")
+    return 0
+
+
+__all__ = ["exit_histogram", "hardest_tokens", "nll_by_exit_pass", "read_token_dump", "write_token_dump"]
+
+if __name__ == "__main__":
+    sys.exit(main())

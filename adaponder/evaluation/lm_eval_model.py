@@ -1,0 +1,205 @@
+"""The ``adaponder`` lm-eval model: lm-eval's ``HFLM`` with the recurrence settings pinned and the realised
+compute of every scored token counted.
+
+Importing this module registers the model with lm-eval (``@register_model("adaponder")``). lm-eval's own
+CLI does not import it, so use ``adaponder-eval`` / ``python -m adaponder.evaluation.cli`` (lm-eval's CLI
+with this module imported first), or in Python::
+
+    import adaponder.evaluation.lm_eval_model  # registers "adaponder"
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    res = simple_evaluate(model="adaponder", model_args="checkpoint=CKPT,halting_threshold=1e-4",
+                          tasks=["adaponder_lambada_openai"], task_manager=TaskManager(include_path="eval/tasks"))
+    res["config"]["adaponder"]  # settings, mean exit pass, exit histogram, FLOPs per token
+
+Model arguments (``--model_args k=v,...``):
+
+* ``checkpoint`` (or ``pretrained``): a saved AdaPonder checkpoint folder.
+* ``passes``: K to run (default: the checkpoint's; at most the trained K for gated models).
+* ``halting_threshold`` (alias ``tau``): τ of A6 (default: the checkpoint's).
+* ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (ALGORITHMS (a),
+  baselines) with mean exit pass ``target_mean_exit``; without it, the learned policy's mean exit pass on
+  ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus) is used and printed.
+* ``pruning_seed``: seed of the fixed-pruning draws.
+* ``batch_size``, ``dtype`` (default ``auto``: the checkpoint's), ``device`` (default: cuda if available),
+  and any other ``HFLM`` argument (``max_length``, …).
+
+Counting: a forward hook records the exit passes D_t (A8) of each call. For loglikelihood requests the
+scored positions are those lm-eval scores (the continuation tokens' predicting positions); for generation,
+the position that predicts each generated token. The summary — tokens, mean exit pass, exit-pass histogram,
+FLOPs per token (A17, at the mean request length as context) and its multiple of one pass — is logged at the
+end of the run and stored under ``results["config"]["adaponder"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
+
+from .accounting import flops_summary
+from .pruning import make_policy
+from .settings import EXIT_RULES, apply_recurrence, settings_of
+
+log = logging.getLogger("adaponder.evaluation")
+
+
+def _as_int(v):
+    return None if v is None or v == "" else int(v)
+
+
+def _as_float(v):
+    return None if v is None or v == "" else float(v)
+
+
+@register_model("adaponder")
+class AdaPonderLM(HFLM):
+    """``HFLM`` for AdaPonder checkpoints with pinned K, τ and exit rule, reporting realised compute."""
+
+    #: every instance created in this process (``adaponder-eval`` prints their summaries at the end)
+    instances: list["AdaPonderLM"] = []
+
+    def __init__(self, checkpoint: str | None = None, pretrained=None, passes=None, halting_threshold=None,
+                 tau=None, exit_rule: str = "learned", target_mean_exit=None, pruning_seed=0,
+                 calibration_data: str | None = None, calibration_tokens=4096, batch_size=1, dtype="auto",
+                 device: str | None = None, **kwargs):
+        ckpt = checkpoint if checkpoint is not None else pretrained
+        if ckpt is None:
+            raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
+        if tau is not None and halting_threshold is not None and float(tau) != float(halting_threshold):
+            raise ValueError("give either halting_threshold or tau, not both")
+        if exit_rule not in EXIT_RULES:
+            raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        super().__init__(pretrained=ckpt, batch_size=batch_size, dtype=dtype, device=device, **kwargs)
+        self.checkpoint = str(ckpt) if isinstance(ckpt, (str, os.PathLike)) else type(ckpt).__name__
+        model = self._model
+        apply_recurrence(model, _as_int(passes), _as_float(halting_threshold if tau is None else tau))
+        self.exit_rule = exit_rule
+        self.pruning_seed = int(pruning_seed)
+        target = _as_float(target_mean_exit)
+        if exit_rule != "learned" and target is None:
+            target = self._calibrate(calibration_data, int(calibration_tokens))
+        self.target_mean_exit = target
+        self.halting_policy = make_policy(exit_rule, model.config.num_passes, target, self.pruning_seed)
+        self.settings = settings_of(model, self.checkpoint, exit_rule, target, self.pruning_seed)
+        print(self.settings.banner(), flush=True)
+        self.reset_halting_stats()
+        self._generating = False
+        self._last_exit = None
+        self._row = 0
+        model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        model.register_forward_hook(self._post_hook, with_kwargs=True)
+        AdaPonderLM.instances.append(self)
+
+    # -- fixed-pruning target ------------------------------------------------------------------------
+    def _calibrate(self, data: str | None, max_tokens: int) -> float:
+        from .perplexity import _Codec, load_documents, score_documents
+
+        if data is None:
+            from adaponder.data import bundled_corpus_dir
+
+            data = str(bundled_corpus_dir())
+        docs = load_documents(data, self.tokenizer, max_tokens=max_tokens)
+        codec = _Codec(self.tokenizer)
+        window = min(self.max_length, self._model.config.max_position_embeddings)
+        scores = score_documents(self._model, docs, window=window, eod_id=codec.eod_id, pad_id=codec.pad_id)
+        mean = float(scores.exit_pass.mean())
+        print(f"[adaponder] fixed-pruning target: the learned policy's mean exit pass on {len(scores)} tokens of "
+              f"{data} is {mean:.4f} (pass target_mean_exit=... to pin it)", flush=True)
+        return mean
+
+    # -- hooks ----------------------------------------------------------------------------------------
+    def _pre_hook(self, module, args, kwargs):
+        if self.halting_policy is not None:
+            kwargs["halting_policy"] = self.halting_policy
+        return args, kwargs
+
+    def _post_hook(self, module, args, kwargs, output):
+        exit_pass = getattr(output, "exit_pass", None)
+        if exit_pass is None:
+            return None
+        self._last_exit = exit_pass.detach()
+        self._row = 0
+        if self._generating:  # the last position predicts the next generated token
+            self._count(exit_pass[:, -1], exit_pass.shape[1], kind="generated")
+        return None
+
+    def _count(self, exit_pass: torch.Tensor, context: int, kind: str = "scored") -> None:
+        ep = exit_pass.reshape(-1).long().cpu()
+        K = len(self._hist[kind])
+        self._hist[kind] += np.bincount(ep.clamp(1, K).numpy(), minlength=K + 1)[1:K + 1]
+        self._ctx[kind] += float(context) * ep.numel()
+
+    def _select_cont_toks(self, logits, contlen=None, inplen=None):
+        # HFLM calls this once per row of the last forward, in row order: the scored positions of that row.
+        if self._last_exit is not None and self.backend == "causal" and contlen and inplen:
+            row = self._row
+            self._row += 1
+            if row < self._last_exit.shape[0]:
+                self._count(self._last_exit[row, inplen - contlen:inplen], inplen, kind="scored")
+                self._count(self._last_exit[row, :inplen], inplen, kind="input")
+        return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        self._generating = True
+        try:
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        finally:
+            self._generating = False
+
+    # -- summary --------------------------------------------------------------------------------------
+    def reset_halting_stats(self) -> None:
+        K = int(self._model.config.num_passes)
+        self._hist = {k: np.zeros(K, dtype=np.int64) for k in ("scored", "input", "generated")}
+        self._ctx = {k: 0.0 for k in self._hist}
+        if getattr(self, "halting_policy", None) is not None:
+            self.halting_policy.reset()
+
+    def halting_summary(self) -> dict:
+        """Settings plus, per kind of position (``scored``: loglikelihood continuations; ``input``: every
+        position of the scored requests; ``generated``: generated tokens), token count, mean exit pass,
+        exit-pass histogram and FLOPs per token."""
+        out = {"settings": self.settings.as_dict()}
+        for kind, hist in self._hist.items():
+            n = int(hist.sum())
+            if n == 0:
+                continue
+            passes = np.repeat(np.arange(1, len(hist) + 1), hist)
+            out[kind] = {
+                "tokens": n,
+                "mean_exit_pass": float(passes.mean()),
+                "exit_histogram": hist.tolist(),
+                "flops_per_token": flops_summary(self._model, passes, self._ctx[kind] / n),
+            }
+        return out
+
+    def summary_lines(self) -> list[str]:
+        s = self.halting_summary()
+        lines = []
+        for kind in ("scored", "generated", "input"):
+            if kind in s:
+                r = s[kind]
+                f = r["flops_per_token"]
+                lines.append(f"{kind} tokens: {r['tokens']}, mean exit pass {r['mean_exit_pass']:.4f} "
+                             f"(of K={len(r['exit_histogram'])}), exit histogram {r['exit_histogram']}, "
+                             f"FLOPs/token {f['total'] / 1e6:.3f} M = {f['x_one_pass']:.3f}x one pass "
+                             f"(context {f['context']:.0f})")
+        return lines
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["adaponder"] = self.halting_summary()
+        for line in self.summary_lines():
+            log.info("[adaponder] %s", line)
+        return info
+
+
+__all__ = ["AdaPonderLM"]

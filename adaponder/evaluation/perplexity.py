@@ -1,0 +1,406 @@
+"""Perplexity and bits per byte of held-out documents with a sliding window, token by token.
+
+Each document is scored as ``[EOD] + tokens``: the end-of-document token is the context of the first
+token, so every token of the document is predicted exactly once (as lm-eval's rolling loglikelihood does
+with its prefix token). Long documents are cut into windows of ``window`` inputs that start every
+``stride`` tokens; a window scores only the predictions the previous window did not (the last
+``end − previous end`` of them), so each scored token sees at least ``window − stride`` tokens of context
+(except in the first window) and no token is scored twice.
+
+* perplexity = exp(total NLL / tokens) (natural log),
+* bits per byte = total NLL / ln 2 / UTF-8 bytes of the scored text.
+
+Inputs: text files (``.gz`` too) or folders of them (one file = one document), or a folder written by
+``adaponder-prepare`` (its ``val`` split, one document per recorded document, the trailing EOD not scored).
+
+Command line::
+
+    python -m adaponder.evaluation.perplexity CKPT --data ../shared/data/corpus/wikitext-2/wiki.test.tokens \\
+        --window 512 --stride 256 --max-tokens 50000 [--halting-threshold 1e-4] [--dump tokens.tsv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .accounting import exit_histogram, flops_summary
+
+TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".text", ".md", ".gz")
+LN2 = math.log(2.0)
+
+
+# -- documents ------------------------------------------------------------------------------------------
+@dataclass
+class Document:
+    """One held-out document: its token ids (without the EOD prefix) and the UTF-8 bytes they spell."""
+
+    name: str
+    ids: np.ndarray
+    n_bytes: int
+    source: str = ""
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+class _Codec:
+    """Lossless encode/decode through the tokenizer's backend (no special tokens, no clean-up of spaces)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_backend", None)
+        eod = getattr(tokenizer, "eos_token_id", None)
+        if eod is None:
+            eod = getattr(tokenizer, "eod_id", None)
+        if eod is None:
+            raise ValueError("the tokenizer has no end-of-document (eos) token")
+        self.eod_id = int(eod)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else self.eod_id
+
+    def encode(self, text: str) -> list[int]:
+        if self.backend is not None:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.backend is not None:
+            return self.backend.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = [p for p in sorted(path.rglob("*")) if p.is_file() and not p.name.startswith(".")
+             and p.suffix.lower() in TEXT_SUFFIXES and p.name.lower() not in ("readme.md",)]
+    if not files:
+        raise FileNotFoundError(f"{path}: no text files ({', '.join(TEXT_SUFFIXES)}) found")
+    return files
+
+
+def _encode_prefix(codec: _Codec, text: str, cap: int | None) -> tuple[list[int], bool]:
+    """Token ids of ``text``, at most ``cap`` of them; encodes only a prefix of a long text when that suffices.
+    Returns ``(ids, truncated)``."""
+    if cap is not None and len(text) > 16 * cap + 1024:
+        ids = codec.encode(text[: 16 * cap + 1024])  # ≥ 1 token per 16 characters in any real text
+        if len(ids) > cap + 64:  # tokens far from the cut are the ones the whole text would give
+            return ids[:cap], True
+    ids = codec.encode(text)
+    if cap is not None and len(ids) > cap:
+        return ids[:cap], True
+    return ids, False
+
+
+def _prepared_documents(path: Path, codec: _Codec, split: str) -> Iterable[tuple[str, np.ndarray]]:
+    from adaponder.data.layout import docs_name, open_shards, read_meta
+
+    meta = read_meta(path)
+    shards = open_shards(path, meta, split)
+    stream = np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
+    offsets_file = path / docs_name(split)
+    offsets = np.load(offsets_file) if offsets_file.is_file() else np.array([0, len(stream)])
+    eod = int(meta.get("eod_id", codec.eod_id))
+    for i in range(len(offsets) - 1):
+        ids = stream[int(offsets[i]):int(offsets[i + 1])].astype(np.int64)
+        if len(ids) and ids[-1] == eod:
+            ids = ids[:-1]  # the EOD that ends the document is not scored (it spells no bytes)
+        yield f"{path.name}/{split}#{i}", ids
+
+
+def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tokenizer,
+                   max_tokens: int | None = None, max_tokens_per_doc: int | None = None,
+                   split: str = "val") -> list[Document]:
+    """Tokenize held-out documents from text files/folders or prepared data folders.
+
+    ``max_tokens`` caps the total over all sources (documents are taken in order, the last one cut);
+    ``max_tokens_per_doc`` caps each document. Bytes are those of the (possibly cut) token sequence.
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    codec = _Codec(tokenizer)
+    docs: list[Document] = []
+    left = max_tokens
+    for src in sources:
+        path = Path(src)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+        if path.is_dir() and (path / "meta.json").is_file():
+            items = ((name, ids, None) for name, ids in _prepared_documents(path, codec, split))
+        else:
+            items = ((str(f), None, f) for f in _text_files(path))
+        for name, ids, file in items:
+            if left is not None and left <= 0:
+                break
+            caps = [c for c in (left, max_tokens_per_doc) if c is not None]
+            cap = min(caps) if caps else None
+            if file is not None:
+                text = _read_text(file)
+                tok, cut = _encode_prefix(codec, text, cap)
+                ids = np.asarray(tok, dtype=np.int64)
+                n_bytes = len(codec.decode(ids).encode("utf-8")) if cut else len(text.encode("utf-8"))
+            else:
+                if cap is not None:
+                    ids = ids[:cap]
+                n_bytes = len(codec.decode(ids).encode("utf-8"))
+            if len(ids) == 0:
+                continue
+            docs.append(Document(name=name, ids=ids, n_bytes=n_bytes, source=str(src)))
+            if left is not None:
+                left -= len(ids)
+    if not docs:
+        raise ValueError(f"no tokens to score in {', '.join(map(str, sources))}")
+    return docs
+
+
+# -- windows and scoring ----------------------------------------------------------------------------------
+def sliding_windows(n_targets: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """Windows over ``s = [EOD] + tokens`` (``n_targets`` = number of tokens to predict).
+
+    Each window ``(begin, end, n_scored)`` feeds ``s[begin:end]`` and predicts ``s[begin+1:end+1]``; its last
+    ``n_scored`` predictions are scored. Together the windows score every target exactly once, in order.
+    """
+    if window < 1 or not 1 <= stride <= window:
+        raise ValueError(f"need window >= 1 and 1 <= stride <= window; got window={window}, stride={stride}")
+    out: list[tuple[int, int, int]] = []
+    prev_end, begin = 0, 0
+    while prev_end < n_targets:
+        end = min(begin + window, n_targets)
+        out.append((begin, end, end - prev_end))
+        prev_end = end
+        begin += stride
+    return out
+
+
+@dataclass
+class TokenScores:
+    """Per scored token: document index, position in the document, token id, NLL (nats), exit pass,
+    and the length of the window it was scored in (its context for the FLOPs count)."""
+
+    doc: np.ndarray
+    position: np.ndarray
+    token: np.ndarray
+    nll: np.ndarray
+    exit_pass: np.ndarray
+    context: np.ndarray
+    passes: int = 1
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.nll.shape[0])
+
+    def select(self, mask: np.ndarray) -> "TokenScores":
+        return TokenScores(self.doc[mask], self.position[mask], self.token[mask], self.nll[mask],
+                           self.exit_pass[mask], self.context[mask], self.passes, dict(self.meta))
+
+
+def default_window(model) -> int:
+    return int(min(model.config.max_position_embeddings, 1024))
+
+
+@torch.no_grad()
+def score_documents(model, docs: Sequence[Document], window: int | None = None, stride: int | None = None,
+                    batch_size: int | None = None, halting_policy: Callable | None = None, eod_id: int = 0,
+                    pad_id: int | None = None, progress: bool = False) -> TokenScores:
+    """Score every token of ``docs`` with sliding windows (see module doc); returns :class:`TokenScores` in
+    document/position order. ``halting_policy`` replaces the gates' rule (fixed pruning); it is called in a
+    fixed batch order, so a seeded policy gives reproducible results."""
+    window = int(window or default_window(model))
+    if window > model.config.max_position_embeddings:
+        raise ValueError(f"window {window} exceeds the model's max_position_embeddings "
+                         f"({model.config.max_position_embeddings})")
+    stride = int(stride or max(1, window // 2))
+    batch_size = int(batch_size or max(1, 2048 // window))
+    pad_id = eod_id if pad_id is None else pad_id
+    device = model.device
+    jobs = []  # (doc index, begin, end, n_scored)
+    for d, doc in enumerate(docs):
+        jobs += [(d, b, e, k) for b, e, k in sliding_windows(len(doc), window, stride)]
+    # Longest first: batches of similar length waste little on padding.
+    order = sorted(range(len(jobs)), key=lambda j: -(jobs[j][2] - jobs[j][1]))
+    seqs = [np.concatenate([[eod_id], doc.ids]).astype(np.int64) for doc in docs]
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("doc", "position", "token", "nll", "exit_pass", "context")}
+    iterator = range(0, len(order), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(iterator, desc="scoring windows", unit="batch")
+    for start in iterator:
+        batch = [jobs[j] for j in order[start:start + batch_size]]
+        width = max(e - b for _, b, e, _ in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, (d, b, e, _) in enumerate(batch):
+            ids[r, :e - b] = torch.from_numpy(seqs[d][b:e])
+            mask[r, :e - b] = 1
+        attn = None if bool(mask.all()) else mask.to(device)
+        out = model(input_ids=ids.to(device), attention_mask=attn, use_cache=False, halting_policy=halting_policy)
+        logits, exits = out.logits, out.exit_pass
+        for r, (d, b, e, k) in enumerate(batch):
+            length = e - b
+            sel = slice(length - k, length)
+            targets = torch.from_numpy(seqs[d][b + length - k + 1:b + length + 1]).to(device)
+            nll = F.cross_entropy(logits[r, sel].float(), targets, reduction="none")
+            parts["doc"].append(np.full(k, d, dtype=np.int32))
+            parts["position"].append(np.arange(b + length - k, b + length, dtype=np.int64))
+            parts["token"].append(targets.cpu().numpy())
+            parts["nll"].append(nll.double().cpu().numpy())
+            parts["exit_pass"].append(exits[r, sel].cpu().numpy().astype(np.int16))
+            parts["context"].append(np.full(k, length, dtype=np.int32))
+        del out, logits
+    arrays = {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+    idx = np.lexsort((arrays["position"], arrays["doc"]))
+    arrays = {k: v[idx] for k, v in arrays.items()}
+    return TokenScores(**arrays, passes=int(model.config.passes),
+                       meta={"window": window, "stride": stride, "batch_size": batch_size})
+
+
+# -- summaries -----------------------------------------------------------------------------------------
+def bits_per_byte(total_nll_nats: float, n_bytes: int) -> float:
+    """Bits per UTF-8 byte: total NLL (nats) / ln 2 / bytes."""
+    if n_bytes <= 0:
+        raise ValueError("bits per byte needs a positive byte count")
+    return float(total_nll_nats) / LN2 / float(n_bytes)
+
+
+def summarize(scores: TokenScores, docs: Sequence[Document], model=None) -> dict:
+    """Perplexity, bits per byte, NLL, mean exit pass, exit histogram and (with ``model``) FLOPs per token."""
+    n = len(scores)
+    total = float(scores.nll.sum())
+    doc_ids = np.unique(scores.doc) if n else np.zeros(0, dtype=np.int64)
+    n_bytes = int(sum(docs[int(d)].n_bytes for d in doc_ids))
+    out = {
+        "tokens": n,
+        "documents": int(len(doc_ids)),
+        "bytes": n_bytes,
+        "nll": total / max(n, 1),
+        "ppl": math.exp(total / max(n, 1)),
+        "bpb": bits_per_byte(total, n_bytes) if n_bytes else float("nan"),
+        "mean_exit": float(scores.exit_pass.mean()) if n else float("nan"),
+        "exit_histogram": exit_histogram(scores.exit_pass, scores.passes),
+    }
+    if model is not None:
+        out["flops"] = flops_summary(model, scores.exit_pass, float(scores.context.mean()) if n else None)
+    return out
+
+
+def summarize_by_source(scores: TokenScores, docs: Sequence[Document], model=None) -> dict[str, dict]:
+    """:func:`summarize` per input source (the ``--data`` entries), plus ``"all"``."""
+    out = {}
+    sources = list(dict.fromkeys(doc.source for doc in docs))
+    for src in sources:
+        members = np.array([i for i, doc in enumerate(docs) if doc.source == src])
+        out[src] = summarize(scores.select(np.isin(scores.doc, members)), docs, model)
+    if len(sources) > 1:
+        out["all"] = summarize(scores, docs, model)
+    return out
+
+
+# -- command line --------------------------------------------------------------------------------------
+def add_recurrence_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recurrence settings (pinned and printed)")
+    g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")
+    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
+                   help="τ of A6 (default: the checkpoint's)")
+    g.add_argument("--exit-rule", choices=("learned", "uniform", "geometric"), default="learned",
+                   help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
+    g.add_argument("--target-mean-exit", type=float, default=None,
+                   help="mean exit pass for fixed pruning (default: the learned policy's on the same data)")
+    g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning's random subsets")
+    g.add_argument("--dtype", default="float32")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def add_data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_argument_group("held-out data")
+    g.add_argument("--data", nargs="+", required=required,
+                   help="text files/folders (one file = one document) or prepared data folders (val split)")
+    g.add_argument("--split", default="val", help="split of prepared data folders")
+    g.add_argument("--window", type=int, default=None, help="window length (default: min(context, 1024))")
+    g.add_argument("--stride", type=int, default=None, help="window start step (default: window / 2)")
+    g.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: 2048 // window)")
+    g.add_argument("--max-tokens", type=int, default=None, help="cap on scored tokens per --data entry")
+    g.add_argument("--max-tokens-per-doc", type=int, default=None, help="cap on scored tokens per document")
+
+
+def load_all(data: Sequence[str], tokenizer, max_tokens=None, max_tokens_per_doc=None, split="val"):
+    """Documents of every ``--data`` entry, ``max_tokens`` applying to each entry separately."""
+    docs: list[Document] = []
+    for src in data:
+        docs += load_documents(src, tokenizer, max_tokens, max_tokens_per_doc, split)
+    return docs
+
+
+def format_row(name: str, s: dict) -> str:
+    f = s.get("flops", {})
+    return (f"| {name} | {s['tokens']} | {s['ppl']:.3f} | {s['bpb']:.4f} | {s['mean_exit']:.3f} | "
+            f"{f.get('total', float('nan')) / 1e6:.2f} | {f.get('x_one_pass', float('nan')):.3f} |")
+
+
+TABLE_HEADER = ("| data | tokens | perplexity | bits/byte | mean exit pass | MFLOPs/token | × one pass |\n"
+                "|---|---:|---:|---:|---:|---:|---:|")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .halting import write_token_dump
+    from .pruning import make_policy
+    from .settings import load_for_eval, settings_of
+
+    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.perplexity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    add_data_args(p)
+    add_recurrence_args(p)
+    p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
+    p.add_argument("--json", default=None, help="write the summary as JSON here")
+    args = p.parse_args(argv)
+
+    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    codec = _Codec(tok)
+    docs = load_all(args.data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
+              pad_id=codec.pad_id, progress=True)
+    target = args.target_mean_exit
+    if args.exit_rule != "learned" and target is None:
+        target = float(score_documents(model, docs, **kw).exit_pass.mean())
+        print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
+    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed)
+    print(settings.banner())
+    policy = make_policy(args.exit_rule, model.config.num_passes, target, args.seed)
+    scores = score_documents(model, docs, halting_policy=policy, **kw)
+    print(f"  window {scores.meta['window']}, stride {scores.meta['stride']}")
+    summary = summarize_by_source(scores, docs, model)
+    print(TABLE_HEADER)
+    for name, s in summary.items():
+        print(format_row(name, s))
+    if args.dump:
+        write_token_dump(scores, tok, args.dump, docs)
+        print(f"per-token dump: {args.dump}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": settings.as_dict(), "window": scores.meta,
+                                               "results": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,466 @@
+"""``adaponder-report``: one command, one Markdown report for a checkpoint.
+
+Writes into ``--out``:
+
+* ``report.md`` — pinned recurrence settings; perplexity and bits per byte; mean exit pass and FLOPs per token
+  (× one pass); halting analysis (exit-pass histogram, mean NLL by exit pass); the iso-FLOPs control (learned
+  gates vs uniform vs geometric fixed pruning at the learned mean exit pass, plus all-K and first-pass-only
+  references); the τ dial; the lm-eval zero-/few-shot table with the mean exit pass of every run;
+* ``exit_histogram.png``, ``nll_by_exit_pass.png``, ``ppl_vs_flops.png``;
+* ``tokens.tsv`` (per-token dump: token, exit pass, NLL), ``results.json`` (every number), ``settings.json``.
+
+Example::
+
+    adaponder-report runs/demo/hf --out runs/demo/report \\
+        --data ../shared/data/corpus/wikitext-2/wiki.test.tokens --max-tokens 20000 \\
+        --tasks adaponder_suite --limit 100 --num-fewshot 0,5
+    python -m adaponder.evaluation.report ...    # the same without the console script
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import plots
+from .dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
+from .halting import hardest_tokens, nll_by_exit_pass, write_token_dump
+from .perplexity import _Codec, add_data_args, load_all, score_documents, summarize, summarize_by_source
+from .pruning import FixedPruningPolicy, histogram_mean
+from .settings import load_for_eval, settings_of
+
+SUITE = ("adaponder_lambada_openai", "adaponder_piqa", "adaponder_arc_easy", "adaponder_arc_challenge",
+         "adaponder_sciq", "adaponder_winogrande")
+HELLASWAG = "adaponder_hellaswag"
+METRICS = ("acc", "acc_norm", "perplexity")
+
+
+def _repo_root() -> Path:
+    import adaponder
+
+    return Path(adaponder.__file__).resolve().parents[1]
+
+
+def default_data() -> list[str]:
+    path = _repo_root().parent / "shared" / "data" / "corpus" / "wikitext-2" / "wiki.test.tokens"
+    return [str(path)] if path.is_file() else []
+
+
+def _eval_data_dir() -> Path:
+    return Path(os.environ.get("ADAPONDER_EVAL_DATA") or _repo_root().parent / "shared" / "data" / "eval")
+
+
+def expand_tasks(spec: str | None) -> list[str]:
+    """Task names from ``--tasks`` (comma-separated; groups ``adaponder_suite``/``adaponder_suite_full``)."""
+    if spec is None or spec == "adaponder_suite":
+        names = list(SUITE)
+        if (_eval_data_dir() / "hellaswag" / "hellaswag_val.jsonl").is_file():
+            names.append(HELLASWAG)
+        return names
+    out = []
+    for t in (s.strip() for s in spec.split(",")):
+        if t == "adaponder_suite":
+            out += SUITE
+        elif t == "adaponder_suite_full":
+            out += [*SUITE, HELLASWAG]
+        elif t:
+            out.append(t)
+    return list(dict.fromkeys(out))
+
+
+# -- parts of the report ---------------------------------------------------------------------------
+def _keep_all(pass_idx, active, s, valid):
+    return active
+
+
+def _first_only(pass_idx, active, s, valid):
+    return torch.zeros_like(active)
+
+
+def iso_flops(model, docs, score_kw: dict, target: float, seed: int) -> dict[str, dict]:
+    """Learned policy vs fixed pruning (uniform, geometric) at the learned mean exit pass, plus references."""
+    K = model.config.num_passes
+    out = {}
+    for rule in ("uniform", "geometric"):
+        policy = FixedPruningPolicy.from_rule(rule, K, target, seed=seed)
+        summary = summarize(score_documents(model, docs, halting_policy=policy, **score_kw), docs, model)
+        summary["target_histogram"] = policy.histogram
+        summary["target_mean_exit"] = histogram_mean(policy.histogram)
+        summary["halting_rates"] = policy.rates
+        out[rule] = summary
+    out["no halting"] = summarize(score_documents(model, docs, halting_policy=_keep_all, **score_kw), docs, model)
+    out["first pass only"] = summarize(score_documents(model, docs, halting_policy=_first_only, **score_kw),
+                                       docs, model)
+    return out
+
+
+def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence[int], limit: float | None,
+                batch_size: int, include_path: str | None, seed: int, bootstrap_iters: int) -> list[dict]:
+    """One lm-eval run per (task, shots) with the ``adaponder`` model; rows with metrics and compute."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from .cli import default_task_path
+    from .lm_eval_model import AdaPonderLM
+
+    include = include_path or (str(default_task_path()) if default_task_path() else None)
+    tm = TaskManager(include_path=include) if include else TaskManager()
+    lm = AdaPonderLM(checkpoint=checkpoint, passes=settings.passes, halting_threshold=settings.halting_threshold,
+                     batch_size=batch_size, dtype=settings.dtype, device=settings.device)
+    rows = []
+    for task in tasks:
+        for n in shots:
+            lm.reset_halting_stats()
+            t0 = time.time()
+            row = {"task": task, "num_fewshot": int(n), "limit": limit}
+            try:
+                res = simple_evaluate(model=lm, tasks=[task], num_fewshot=int(n), limit=limit, task_manager=tm,
+                                      random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                      fewshot_random_seed=seed, bootstrap_iters=bootstrap_iters,
+                                      verbosity="WARNING")
+                r = res["results"][task]
+                row["samples"] = r.get("sample_len") or res.get("n-samples", {}).get(task, {}).get("effective")
+                row["metrics"] = {m: (r[f"{m},none"], r.get(f"{m}_stderr,none"))
+                                  for m in METRICS if f"{m},none" in r}
+                comp = lm.halting_summary().get("scored")
+                if comp:
+                    row["mean_exit_pass"] = comp["mean_exit_pass"]
+                    row["x_one_pass"] = comp["flops_per_token"]["x_one_pass"]
+                    row["scored_tokens"] = comp["tokens"]
+            except Exception as exc:  # a task whose data is missing must not sink the whole report
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            row["seconds"] = round(time.time() - t0, 1)
+            print(f"[adaponder-report] lm-eval {task} {n}-shot: "
+                  f"{row.get('metrics', row.get('error'))} ({row['seconds']} s)", flush=True)
+            rows.append(row)
+    return rows
+
+
+# -- Markdown ------------------------------------------------------------------------------------------------
+def _f(x, fmt=".3f"):
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def _ppl_table(by_source: dict) -> str:
+    lines = ["| data | documents | tokens | bytes | perplexity | bits/byte | mean NLL (nats) | mean exit pass |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in by_source.items():
+        lines.append(f"| {name} | {s['documents']} | {s['tokens']} | {s['bytes']} | {_f(s['ppl'])} | "
+                     f"{_f(s['bpb'], '.4f')} | {_f(s['nll'], '.4f')} | {_f(s['mean_exit'])} |")
+    return "\n".join(lines)
+
+
+def _compute_table(summary: dict, K: int) -> str:
+    f = summary["flops"]
+    full = summary.get("_full_flops")
+    lines = ["| quantity | value |", "|---|---:|",
+             f"| mean exit pass (papers' ×, of K = {K}) | {summary['mean_exit']:.3f}× |",
+             f"| FLOPs per token, total | {f['total'] / 1e6:.3f} M |",
+             f"| … backbone passes | {f['backbone'] / 1e6:.3f} M |",
+             f"| … output head (one per pass run) | {f['head'] / 1e6:.3f} M |",
+             f"| … pondering products softmax(z)·Ẽ | {f['pondering'] / 1e6:.3f} M |",
+             f"| … gate MLPs | {f['gates'] / 1e6:.3f} M |",
+             f"| one pass (backbone + head, vanilla) | {f['one_pass'] / 1e6:.3f} M |",
+             f"| **FLOPs × one pass** | **{f['x_one_pass']:.3f}×** |"]
+    if full is not None:
+        lines.append(f"| all K passes, no halting (× one pass) | {full['x_one_pass']:.3f}× |")
+    lines.append(f"| context used for attention FLOPs (window length, mean) | {f['context']:.0f} |")
+    return "\n".join(lines)
+
+
+def _halting_table(rows: list[dict]) -> str:
+    lines = ["| exit pass | tokens | fraction | mean NLL (nats) | perplexity of these tokens |",
+             "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['exit_pass']} | {r['tokens']} | {r['fraction']:.4f} | {_f(r['mean_nll'], '.4f')} | "
+                     f"{_f(r['ppl'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def _iso_table(learned: dict, iso: dict, target: float) -> str:
+    lines = ["| policy | target mean exit | realised mean exit | deviation | exit histogram (fractions, passes 1..K) "
+             "| MFLOPs/token | × one pass | perplexity | bits/byte |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+
+    def row(name, s, tgt):
+        hist = s["exit_histogram"]
+        total = max(sum(hist), 1)
+        fr = " / ".join(f"{c / total:.3f}" for c in hist)
+        dev = f"{(s['mean_exit'] - tgt) / tgt:+.2%}" if tgt else "—"
+        lines.append(f"| {name} | {_f(tgt) if tgt else '—'} | {s['mean_exit']:.3f} | {dev} | {fr} | "
+                     f"{s['flops']['total'] / 1e6:.3f} | {s['flops']['x_one_pass']:.3f} | {_f(s['ppl'])} | "
+                     f"{_f(s['bpb'], '.4f')} |")
+
+    row("**learned gates**", learned, None)
+    row("uniform fixed pruning", iso["uniform"], target)
+    row("geometric fixed pruning", iso["geometric"], target)
+    row("*reference:* all K passes (no halting)", iso["no halting"], None)
+    row("*reference:* first pass only", iso["first pass only"], None)
+    return "\n".join(lines)
+
+
+def _lm_eval_table(rows: list[dict], shots: Sequence[int]) -> str:
+    head = "| task | metric | " + " | ".join(f"{n}-shot" for n in shots) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(shots)]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    by = {(r["task"], r["num_fewshot"]): r for r in rows}
+    for task in tasks:
+        metrics = []
+        for n in shots:
+            metrics += [m for m in by.get((task, n), {}).get("metrics", {}) if m not in metrics]
+        errors = {n: by[(task, n)]["error"] for n in shots if "error" in by.get((task, n), {})}
+        for m in metrics:
+            cells = []
+            for n in shots:
+                val = by.get((task, n), {}).get("metrics", {}).get(m)
+                if val is None:
+                    cells.append("—")
+                else:
+                    v, se = val
+                    fmt = ".2f" if m == "perplexity" else ".4f"
+                    cells.append(f"{v:{fmt}} ± {se:{fmt}}" if isinstance(se, float) and math.isfinite(se)
+                                 else f"{v:{fmt}}")
+            lines.append(f"| {task} | {m} | " + " | ".join(cells) + " |")
+        cells = [_f(by.get((task, n), {}).get("mean_exit_pass")) for n in shots]
+        lines.append(f"| {task} | mean exit pass (scored tokens) | " + " | ".join(cells) + " |")
+        for n, err in errors.items():
+            lines.append(f"| {task} | error ({n}-shot) | {err[:160]} |" + " |" * (len(shots) - 1))
+    return "\n".join(lines)
+
+
+def write_markdown(path: Path, ctx: dict) -> None:
+    s = ctx["settings"]
+    K = s.passes
+    lines = [
+        f"# AdaPonder evaluation report: `{s.checkpoint}`",
+        "",
+        f"Generated {ctx['date']} by `{ctx['command']}` in {ctx['seconds']:.0f} s.",
+        "",
+        "## Recurrence settings (pinned)",
+        "",
+        *[f"- {line}" for line in s.lines()],
+        f"- held-out data: {', '.join(f'`{d}`' for d in ctx['data'])} (at most {ctx['max_tokens'] or 'all'} "
+        f"tokens per entry); sliding window {ctx['window']} tokens, stride {ctx['stride']}; each document is "
+        "scored as `[EOD] + tokens`, every token exactly once",
+        f"- fixed-pruning seed: {ctx['seed']}",
+        "",
+        "## Perplexity and bits per byte (learned gates)",
+        "",
+        _ppl_table(ctx["by_source"]),
+        "",
+        "Perplexity = exp(mean NLL per token); bits per byte = total NLL / ln 2 / UTF-8 bytes of the scored text.",
+        "",
+        "## Compute (A17)",
+        "",
+        _compute_table(ctx["learned"], K),
+        "",
+        "FLOPs convention (model's `flops_per_token`): 2 FLOPs per weight per token, attention 4·ctx·d per layer "
+        "(no causal discount), layer norms/softmax not counted. A token with exit pass D costs D backbone passes, "
+        "D head products, D−1 pondering products and min(D, K−1) gate MLPs; \"× one pass\" divides by one "
+        "backbone pass + head.",
+        "",
+    ]
+    if ctx.get("halting") is not None:
+        lines += [
+            "## Halting: where the gates spend compute",
+            "",
+            _halting_table(ctx["halting"]),
+            "",
+            "![exit-pass histogram](exit_histogram.png)",
+            "![mean NLL by exit pass](nll_by_exit_pass.png)",
+            "",
+            f"Per-token dump (document, position, token id, token, exit pass, NLL): `{ctx['dump']}`.",
+            "",
+        ]
+        if ctx.get("hardest"):
+            toks = ", ".join(f"`{json.dumps(h['token'], ensure_ascii=False)[1:-1]}` ({h['count']}, NLL "
+                             f"{h['mean_nll']:.2f})" for h in ctx["hardest"])
+            lines += [f"Most frequent tokens that ran all {K} passes: {toks}.", ""]
+    if ctx.get("iso") is not None:
+        lines += [
+            "## Iso-FLOPs control: learned gates vs fixed pruning",
+            "",
+            f"Fixed pruning (ALGORITHMS (a), baselines): the same trained model, but after each pass a random subset "
+            f"of the still-active tokens halts (seeded), with per-pass rates chosen so that the exit-pass histogram "
+            f"is uniform or geometric with the learned policy's mean exit pass D = {ctx['target']:.4f}. "
+            f"\"uniform\" puts equal mass on every early exit and the rest on the end (the same number of tokens "
+            f"halts after each pass); \"geometric\" halts a constant fraction p of the active tokens after every "
+            f"pass (p solved for the mean).",
+            "",
+            _iso_table(ctx["learned"], ctx["iso"], ctx["target"]),
+            "",
+            "![exit-pass histograms of the three policies](exit_histogram.png)",
+            "",
+        ]
+    if ctx.get("dial") is not None:
+        lines += [
+            "## Compute dial (τ sweep)",
+            "",
+            "A token halts after pass i when its gate s^i < τ: larger τ, fewer passes, fewer FLOPs.",
+            "",
+            dial_table(ctx["dial"]),
+            "",
+            "![perplexity vs FLOPs](ppl_vs_flops.png)",
+            "",
+        ]
+    elif ctx.get("no_gates_note"):
+        lines += [ctx["no_gates_note"], ""]
+    if ctx.get("lm_eval") is not None:
+        limit = ctx["limit"]
+        lines += [
+            "## lm-eval (local offline tasks, `eval/tasks`)",
+            "",
+            f"Model `adaponder` (lm-eval `HFLM` subclass) with the settings above; "
+            f"{'first ' + str(limit) + ' documents per task' if limit else 'full splits'}; "
+            f"value ± bootstrap/standard error. Few-shot examples come from the evaluated split "
+            f"(see `eval/tasks/README.md`).",
+            "",
+            _lm_eval_table(ctx["lm_eval"], ctx["shots"]),
+            "",
+        ]
+    lines += ["## Files", "", *[f"- `{f}`" for f in ctx["files"]], ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+# -- main -----------------------------------------------------------------------------------------------
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    return obj
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="adaponder-report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a saved AdaPonder checkpoint folder (with its tokenizer)")
+    p.add_argument("--out", required=True, help="output folder")
+    add_data_args(p, required=False)
+    g = p.add_argument_group("recurrence settings (pinned and printed)")
+    g.add_argument("--passes", type=int, default=None, help="K (default: the checkpoint's)")
+    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
+                   help="τ (default: the checkpoint's)")
+    g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning and lm-eval")
+    g.add_argument("--dtype", default="float32")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g = p.add_argument_group("analyses")
+    g.add_argument("--taus", default=None, help=f"τ dial values (default {','.join(map(str, DEFAULT_TAUS))})")
+    g.add_argument("--no-dial", action="store_true", help="skip the τ sweep")
+    g.add_argument("--no-iso-flops", action="store_true", help="skip the fixed-pruning control")
+    g = p.add_argument_group("lm-eval")
+    g.add_argument("--tasks", default=None,
+                   help="comma-separated tasks or groups (default: adaponder_suite, + hellaswag if its file exists)")
+    g.add_argument("--no-lm-eval", action="store_true", help="skip lm-eval")
+    g.add_argument("--limit", type=float, default=None, help="documents per task (lm-eval --limit)")
+    g.add_argument("--num-fewshot", default="0,5", help="comma-separated shot counts (default 0,5)")
+    g.add_argument("--lm-eval-batch-size", type=int, default=8)
+    g.add_argument("--include-path", default=None, help="lm-eval task folder (default: the repo's eval/tasks)")
+    g.add_argument("--bootstrap-iters", type=int, default=1000, help="bootstrap iterations for stderr (lm-eval)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t_start = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = args.data or default_data()
+    if not data:
+        raise SystemExit("no held-out data: pass --data FILE/FOLDER (text files or a prepared data folder)")
+
+    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    settings = settings_of(model, args.checkpoint)
+    print(settings.banner(), flush=True)
+    (out / "settings.json").write_text(json.dumps(settings.as_dict(), indent=2))
+    K = model.config.num_passes
+    gated = model.config.gated and K > 1
+
+    codec = _Codec(tok)
+    docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    score_kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
+                    pad_id=codec.pad_id)
+    print(f"[adaponder-report] scoring {sum(len(d) for d in docs)} tokens in {len(docs)} documents", flush=True)
+    scores = score_documents(model, docs, **score_kw)
+    window, stride = scores.meta["window"], scores.meta["stride"]
+    by_source = summarize_by_source(scores, docs, model)
+    learned = summarize(scores, docs, model)
+    learned["_full_flops"] = None
+    files = ["report.md", "results.json", "settings.json"]
+    ctx = {"settings": settings, "data": data, "max_tokens": args.max_tokens, "window": window, "stride": stride,
+           "seed": args.seed, "by_source": by_source, "learned": learned, "files": files,
+           "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+           "command": "adaponder-report " + " ".join(shlex.quote(a) for a in (argv if argv is not None
+                                                                                else sys.argv[1:]))}
+
+    dump = out / "tokens.tsv"
+    write_token_dump(scores, tok, dump, docs)
+    files.append(dump.name)
+    halting = nll_by_exit_pass(scores)
+    ctx.update(halting=halting, dump=dump.name, hardest=hardest_tokens(scores, tok, 8) if gated else None)
+    plots.nll_by_exit_png(halting, out / "nll_by_exit_pass.png")
+    files.append("nll_by_exit_pass.png")
+    hists = {"learned": learned["exit_histogram"]}
+    points = {}
+
+    if gated and not args.no_iso_flops:
+        target = learned["mean_exit"]
+        print(f"[adaponder-report] iso-FLOPs control at mean exit pass {target:.4f}", flush=True)
+        iso = iso_flops(model, docs, score_kw, target, args.seed)
+        learned["_full_flops"] = iso["no halting"]["flops"]
+        ctx.update(iso=iso, target=target)
+        hists.update(uniform=iso["uniform"]["exit_histogram"], geometric=iso["geometric"]["exit_histogram"])
+        points = {k: iso[k] for k in ("uniform", "geometric", "no halting")}
+    plots.exit_histogram_png(hists, out / "exit_histogram.png",
+                             title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
+    files.append("exit_histogram.png")
+
+    if gated and not args.no_dial:
+        taus = parse_taus(args.taus) if args.taus else sorted(set(DEFAULT_TAUS) | {settings.halting_threshold})
+        print(f"[adaponder-report] τ dial over {len(taus)} values", flush=True)
+        ctx["dial"] = sweep_tau(model, docs, taus, **score_kw)
+        plots.ppl_vs_flops_png(ctx["dial"], out / "ppl_vs_flops.png", points=points)
+        files.append("ppl_vs_flops.png")
+    elif not gated:
+        ctx["no_gates_note"] = (f"Mode `{model.config.mode}` with K = {K} has no gates: every token runs all passes, "
+                                "so the iso-FLOPs control and the τ dial do not apply.")
+
+    if not args.no_lm_eval:
+        shots = [int(s) for s in str(args.num_fewshot).split(",") if s.strip()]
+        limit = args.limit
+        if limit is not None and limit >= 1:
+            limit = int(limit)
+        del model
+        ctx.update(shots=shots, limit=limit,
+                   lm_eval=run_lm_eval(args.checkpoint, settings, expand_tasks(args.tasks), shots, limit,
+                                       args.lm_eval_batch_size, args.include_path, args.seed,
+                                       args.bootstrap_iters))
+
+    ctx["seconds"] = time.time() - t_start
+    write_markdown(out / "report.md", ctx)
+    results = {k: v for k, v in ctx.items() if k not in ("settings", "files")}
+    results["settings"] = settings.as_dict()
+    (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2, default=str))
+    print(f"[adaponder-report] wrote {out / 'report.md'} ({ctx['seconds']:.0f} s)", flush=True)
+    return 0
+
+
+__all__ = ["build_parser", "expand_tasks", "iso_flops", "main", "run_lm_eval", "write_markdown"]
+
+if __name__ == "__main__":
+    sys.exit(main())

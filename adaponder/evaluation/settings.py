@@ -1,0 +1,152 @@
+"""Load a checkpoint for evaluation with its recurrence settings pinned, checked and printable.
+
+Every evaluation entry point (perplexity, dial, report, the ``adaponder`` lm-eval model) goes through
+:func:`load_for_eval` / :func:`apply_recurrence`, so K (passes), τ (halting threshold) and the exit rule
+are set in one place and printed the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+EXIT_RULES = ("learned", "uniform", "geometric")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"float32"``/``"bf16"``/… or a ``torch.dtype``; ``None``/``"auto"`` keep the checkpoint's dtype."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).lower().removeprefix("torch.")
+    if key == "auto":
+        return None
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(sorted(set(_DTYPES)))}")
+    return _DTYPES[key]
+
+
+@dataclass
+class RecurrenceSettings:
+    """The recurrence settings an evaluation ran with (what the report pins and prints).
+
+    ``passes`` is K in use (≤ ``trained_passes`` for gated models); ``halting_threshold`` is τ (A6);
+    ``exit_rule`` is ``learned`` (the gates, A6) or fixed pruning (``uniform`` / ``geometric`` exit-pass
+    histograms with mean ``target_mean_exit``, drawn with ``pruning_seed``).
+    """
+
+    checkpoint: str
+    mode: str
+    passes: int
+    trained_passes: int
+    halting_threshold: float
+    exit_rule: str = "learned"
+    target_mean_exit: float | None = None
+    pruning_seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def lines(self) -> list[str]:
+        rule = self.exit_rule
+        if rule != "learned":
+            rule += f" (fixed pruning, target mean exit pass {self.target_mean_exit:.4f}, seed {self.pruning_seed})"
+        else:
+            rule += " (gates, A6: halt after pass i when s^i < τ)"
+        return [
+            f"checkpoint: {self.checkpoint}",
+            f"mode: {self.mode}",
+            f"passes K: {self.passes} (trained with {self.trained_passes})",
+            f"halting threshold τ: {self.halting_threshold:g}",
+            f"exit rule: {rule}",
+            f"dtype: {self.dtype}, device: {self.device}",
+        ]
+
+    def banner(self) -> str:
+        return "[adaponder] recurrence settings\n" + "\n".join(f"  {line}" for line in self.lines())
+
+
+def trained_passes(model) -> int:
+    """K the checkpoint was built with: gates + 1 for gated models, else ``config.passes``."""
+    cfg = model.config
+    if cfg.mode == "adaponder" and len(model.gates) > 0:
+        return len(model.gates) + 1
+    return int(cfg.passes)
+
+
+def apply_recurrence(model, passes: int | None = None, halting_threshold: float | None = None) -> None:
+    """Set K and τ on a loaded model, refusing values the checkpoint cannot run.
+
+    A gated model runs at most the K it was trained with (one gate per pondering step); ``vanilla`` runs
+    exactly one pass. τ must lie in (0, 1).
+    """
+    cfg = model.config
+    if passes is not None:
+        passes = int(passes)
+        limit = trained_passes(model)
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        if cfg.mode == "vanilla" and passes != 1:
+            raise ValueError("a vanilla (one-pass) checkpoint runs exactly one pass")
+        if cfg.mode == "adaponder" and passes > limit:
+            raise ValueError(f"this checkpoint has gates for {limit} passes; passes={passes} exceeds it")
+        cfg.passes = passes
+    if halting_threshold is not None:
+        tau = float(halting_threshold)
+        if not 0.0 < tau < 1.0:
+            raise ValueError(f"halting_threshold (τ) must lie in (0, 1), got {tau}")
+        cfg.halting_threshold = tau
+
+
+def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_exit: float | None = None,
+                pruning_seed: int = 0) -> RecurrenceSettings:
+    if exit_rule not in EXIT_RULES:
+        raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
+    cfg = model.config
+    return RecurrenceSettings(
+        checkpoint=str(checkpoint), mode=cfg.mode, passes=int(cfg.passes), trained_passes=trained_passes(model),
+        halting_threshold=float(cfg.halting_threshold), exit_rule=exit_rule,
+        target_mean_exit=None if target_mean_exit is None else float(target_mean_exit),
+        pruning_seed=int(pruning_seed), dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
+    )
+
+
+def load_tokenizer_for(checkpoint: str | os.PathLike):
+    """The checkpoint's own tokenizer if it has one, else the bundled Pythia (GPT-NeoX-20B) tokenizer."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = os.fspath(checkpoint)
+    if any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(path)
+    from adaponder.data import load_tokenizer
+
+    tok = load_tokenizer()
+    return PreTrainedTokenizerFast(tokenizer_object=tok._backend, eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>", pad_token="<|padding|>")
+
+
+def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halting_threshold: float | None = None,
+                  dtype: str | torch.dtype | None = "float32", device: str = "cpu"):
+    """``(model, tokenizer)`` in eval mode on ``device`` with K and τ applied (see :func:`apply_recurrence`)."""
+    from adaponder.modeling import AdaPonderForCausalLM
+
+    path = os.fspath(checkpoint)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
+    torch_dtype = parse_dtype(dtype)
+    model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype)
+    model.to(device).eval()
+    apply_recurrence(model, passes, halting_threshold)
+    return model, load_tokenizer_for(path)
+
+
+__all__ = ["EXIT_RULES", "RecurrenceSettings", "apply_recurrence", "load_for_eval", "load_tokenizer_for",
+           "parse_dtype", "settings_of", "trained_passes"]

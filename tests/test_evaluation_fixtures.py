@@ -1,0 +1,66 @@
+"""Shared helpers of the evaluation tests: a tiny saved AdaPonder checkpoint with the Pythia tokenizer.
+
+The checkpoint is built once per test session (cached here, the module is shared by every test file that
+imports it) and lives under pytest's session temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SHARED_DATA
+
+TOKENIZER_FILE = SHARED_DATA / "tokenizers" / "gpt-neox-20b" / "tokenizer.json"
+WIKITEXT = SHARED_DATA / "corpus" / "wikitext-2" / "wiki.test.tokens"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+_CACHE: dict[str, Path] = {}
+
+
+def tiny_tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    if not TOKENIZER_FILE.is_file():
+        pytest.skip(f"tokenizer not found at {TOKENIZER_FILE}")
+    return PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_FILE), eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>", pad_token="<|padding|>")
+
+
+def tiny_model(**overrides):
+    from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+
+    values = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  vocab_size=50304, mode="adaponder", gate_init_bias=0.0, halting_threshold=0.5)
+    values.update(overrides)
+    torch.manual_seed(0)
+    return AdaPonderForCausalLM(AdaPonderConfig(**values)).eval()
+
+
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A saved tiny AdaPonder checkpoint + tokenizer (the brief's test shape), built once per session."""
+    if "ckpt" not in _CACHE:
+        path = tmp_path_factory.mktemp("adaponder_eval") / "tiny-ckpt"
+        tok = tiny_tokenizer()
+        tiny_model().save_pretrained(path)
+        tok.save_pretrained(path)
+        _CACHE["ckpt"] = path
+    return _CACHE["ckpt"]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    return env
+
+
+def test_fixture_checkpoint_round_trips(tmp_path_factory):
+    from adaponder.modeling import AdaPonderForCausalLM
+
+    path = tiny_checkpoint(tmp_path_factory)
+    model = AdaPonderForCausalLM.from_pretrained(path)
+    assert model.config.halting_threshold == 0.5 and model.config.passes == 4 and len(model.gates) == 3
+    assert (path / "tokenizer.json").is_file()
