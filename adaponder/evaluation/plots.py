@@ -11,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-_COLORS = {"learned": "#1f77b4", "uniform": "#ff7f0e", "geometric": "#2ca02c", "no halting": "#7f7f7f"}
+_COLORS = {"learned": "#1f77b4", "uniform": "#ff7f0e", "geometric": "#2ca02c", "no halting": "#7f7f7f",
+           "first pass only": "#000000"}
 
 
 def _save(fig, path: Path) -> Path:
@@ -85,7 +86,7 @@ def ppl_vs_flops_png(dial_rows: Sequence[Mapping], path: str | Path,
             labels.setdefault((round(x, 6), round(y, 6)), []).append(f"{r['tau']:g}")
         for (x, y), taus in labels.items():
             ax.annotate("τ=" + ", ".join(taus), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    markers = {"uniform": "s", "geometric": "^", "no halting": "D"}
+    markers = {"uniform": "s", "geometric": "^", "no halting": "D", "first pass only": "v"}
     for label, s in (points or {}).items():
         ax.scatter([s["flops"]["x_one_pass"]], [s["ppl"]], marker=markers.get(label, "x"), s=55,
                    color=_COLORS.get(label), label=f"{label}", zorder=4)

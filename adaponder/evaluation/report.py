@@ -425,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         learned["_full_flops"] = iso["no halting"]["flops"]
         ctx.update(iso=iso, target=target)
         hists.update(uniform=iso["uniform"]["exit_histogram"], geometric=iso["geometric"]["exit_histogram"])
-        points = {k: iso[k] for k in ("uniform", "geometric", "no halting")}
+        points = {k: iso[k] for k in ("uniform", "geometric", "no halting", "first pass only")}
     plots.exit_histogram_png(hists, out / "exit_histogram.png",
                              title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
     files.append("exit_histogram.png")
