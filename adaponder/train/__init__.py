@@ -1,0 +1,13 @@
+"""Pretraining AdaPonderLM and its baselines with DeepSpeed: config, schedules, checkpoints, metrics, loop.
+
+Entry point: ``deepspeed launch/pretrain.py --config configs/pythia410m.yaml`` (or plain ``python`` for one
+process). Modules: :mod:`.config` (typed YAML config), :mod:`.schedule` (lr, A13, A14), :mod:`.ds_config`
+(generated DeepSpeed config), :mod:`.optim` (guarded AdamW), :mod:`.checkpoint` (crash-safe checkpoints),
+:mod:`.metrics` (logging), :mod:`.report` (validation report), :mod:`.export` (Hugging Face export),
+:mod:`.trainer` (the loop).
+"""
+
+from .config import TrainConfig, TrainConfigError, load_config, plan_run
+from .schedule import learning_rate, ponder_schedule
+
+__all__ = ["TrainConfig", "TrainConfigError", "load_config", "plan_run", "learning_rate", "ponder_schedule"]

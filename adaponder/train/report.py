@@ -1,0 +1,178 @@
+"""Validation loss/perplexity and the halting report (mean exit pass, exit-pass histogram, compute saved).
+
+``python -m adaponder.train.report --model HF_DIR --data PREPARED_DIR [--seq-len 256] [--out DIR]`` evaluates
+any exported model on the val split and writes ``report.md`` + ``exit_pass_hist.png``; the trainer writes the
+same report into its run folder at the end of training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+# Evaluation vector: [CE summed over tokens, tokens, exit-pass sum, exit-pass histogram (K)].
+_CE, _TOK, _EXIT, _HIST = 0, 1, 2, 3
+
+
+def eval_vector(k_passes: int, device="cpu") -> torch.Tensor:
+    return torch.zeros(_HIST + k_passes, dtype=torch.float64, device=device)
+
+
+def _forward_kwargs(forward: Callable) -> dict[str, Any]:
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"return_logits": False} if "return_logits" in params else {}
+
+
+@torch.no_grad()
+def eval_batch(call: Callable, x: torch.Tensor, vec: torch.Tensor, k_passes: int, extra: dict | None = None) -> None:
+    """Run ``call(input_ids=..., shift_labels=..., use_cache=False)`` on one packed batch ``x`` [B, T+1] and
+    accumulate token-weighted CE and the exit passes into ``vec``."""
+    out = call(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, **(extra or {}))
+    n = x[:, 1:].numel()
+    vec[_CE] += out.loss.double() * n
+    vec[_TOK] += n
+    d = out.exit_pass.reshape(-1) if out.exit_pass is not None else torch.ones(n, dtype=torch.long, device=x.device)
+    vec[_EXIT] += d.sum().double()
+    vec[_HIST:_HIST + k_passes] += torch.bincount(d - 1, minlength=k_passes)[:k_passes].double()
+
+
+def eval_summary(vec: torch.Tensor, k_passes: int) -> dict[str, Any]:
+    v = vec.double().cpu()
+    tokens = max(float(v[_TOK]), 1.0)
+    loss = float(v[_CE]) / tokens
+    hist = [int(x) for x in v[_HIST:_HIST + k_passes].tolist()]
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 80.0)), "val_tokens": int(v[_TOK]),
+            "mean_exit_pass": float(v[_EXIT]) / tokens, "exit_hist": hist}
+
+
+def evaluate_model(model, batches: Iterable[torch.Tensor]) -> dict[str, Any]:
+    """Single-process evaluation of an :class:`AdaPonderForCausalLM` (e.g. an exported checkpoint)."""
+    k = model.config.num_passes
+    device = next(model.parameters()).device
+    vec = eval_vector(k)
+    was_training = model.training
+    model.eval()
+    extra = _forward_kwargs(model.forward)
+    for x in batches:
+        eval_batch(model, x.to(device), vec, k, extra)
+    model.train(was_training)
+    return eval_summary(vec, k)
+
+
+def compute_saved(model_or_config, exit_hist: list[int], context: int) -> dict[str, float]:
+    """Inference FLOPs per token at the realised exit passes vs all K passes (A17)."""
+    model = model_or_config
+    k = len(exit_hist)
+    passes = torch.repeat_interleave(torch.arange(1, k + 1), torch.tensor(exit_hist, dtype=torch.long))
+    if passes.numel() == 0:
+        return {}
+    real = model.flops_per_token(passes, context=context, training=False)["total"]
+    full = model.flops_per_token(None, context=context, training=False)["total"]
+    return {"flops_per_token": real, "flops_per_token_all_passes": full, "flops_saved": 1.0 - real / full}
+
+
+def text_histogram(hist: list[int], width: int = 40) -> str:
+    total = max(sum(hist), 1)
+    top = max(max(hist), 1)
+    lines = ["exit pass | tokens      | share"]
+    for i, n in enumerate(hist, start=1):
+        bar = "#" * int(round(width * n / top))
+        lines.append(f"{i:>9} | {n:>11,} | {100.0 * n / total:5.1f}% {bar}")
+    return "\n".join(lines)
+
+
+def save_histogram_png(hist: list[int], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    total = max(sum(hist), 1)
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    passes = list(range(1, len(hist) + 1))
+    ax.bar(passes, [100.0 * n / total for n in hist], color="#4477aa")
+    ax.set_xticks(passes)
+    ax.set_xlabel("exit pass D (passes a token used)")
+    ax.set_ylabel("share of validation tokens (%)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: str | Path, summary: dict[str, Any], *, title: str = "AdaPonder run report",
+                 details: dict[str, Any] | None = None) -> str:
+    """Write ``report.md`` and ``exit_pass_hist.png`` into ``out_dir``; return the report text."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hist = summary["exit_hist"]
+    k = len(hist)
+    png = save_histogram_png(hist, out / "exit_pass_hist.png",
+                             f"mean exit pass {summary['mean_exit_pass']:.3f} of K={k}")
+    lines = [f"# {title}", ""]
+    rows = [("validation loss", f"{summary['val_loss']:.4f}"), ("validation perplexity", f"{summary['val_ppl']:.2f}"),
+            ("validation tokens", f"{summary['val_tokens']:,}"),
+            ("mean exit pass", f"{summary['mean_exit_pass']:.3f} of K = {k}")]
+    if "flops_saved" in summary:
+        rows.append(("inference FLOPs saved by halting", f"{100 * summary['flops_saved']:.1f}%"))
+    for key, value in (details or {}).items():
+        rows.append((key, value if isinstance(value, str) else f"{value:,}" if isinstance(value, int) else f"{value:.4g}"))
+    lines += ["| | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    lines += ["", "Exit-pass histogram (validation tokens):", "", "```", text_histogram(hist), "```", "",
+              f"![exit-pass histogram]({png.name})", ""]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text, encoding="utf-8")
+    return text
+
+
+def console_report(summary: dict[str, Any]) -> str:
+    k = len(summary["exit_hist"])
+    lines = [f"validation loss {summary['val_loss']:.4f} | perplexity {summary['val_ppl']:.2f} | "
+             f"mean exit pass {summary['mean_exit_pass']:.3f} of K={k}"
+             + (f" | inference FLOPs saved {100 * summary['flops_saved']:.1f}%" if "flops_saved" in summary else ""),
+             text_histogram(summary["exit_hist"])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m adaponder.train.report",
+                                description="Evaluate an exported model on a prepared val split and write report.md")
+    p.add_argument("--model", required=True, help="Hugging Face folder (e.g. runs/demo/hf)")
+    p.add_argument("--data", required=True, help="prepared data folder")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--max-batches", type=int, default=None)
+    p.add_argument("--out", default=None, help="where to write report.md (default: the model folder)")
+    args = p.parse_args(argv)
+
+    from transformers import AutoModelForCausalLM
+
+    from adaponder.data.errors import DataError
+    from adaponder.data.loader import iter_eval_batches
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=True, dtype=torch.float32)
+    try:
+        batches = iter_eval_batches(args.data, args.seq_len, args.micro_batch, vocab_size=model.config.vocab_size,
+                                    max_batches=args.max_batches)
+        summary = evaluate_model(model, batches)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    summary.update(compute_saved(model, summary["exit_hist"], args.seq_len))
+    write_report(args.out or args.model, summary, title=f"Report: {args.model}")
+    print(console_report(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

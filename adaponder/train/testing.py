@@ -1,0 +1,88 @@
+"""Small fixtures for tests and quick experiments: a toy tokenizer, corpus and training config.
+
+A 50k-token vocabulary makes the pondering products (2·d·V per token and pass) dominate a tiny model on a
+CPU; the tests therefore train a ~300-token byte-level BPE on a slice of the bundled corpus, so a training
+step takes milliseconds and the whole pipeline (prepare → train → checkpoint → export) still runs for real.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+TINY_VOCAB = 320
+
+
+def tiny_corpus(folder: str | Path, documents: int = 24, chars_per_doc: int = 6000) -> Path:
+    """Write ``documents`` text files cut from the bundled Sherlock Holmes / Alice texts into ``folder``."""
+    from adaponder.data import bundled_corpus_dir
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = ""
+    for name in ("pg1661.txt.gz", "11-0.txt.gz"):
+        text += gzip.decompress((bundled_corpus_dir() / name).read_bytes()).decode("utf-8")
+    start = 5000  # skip the Project Gutenberg header
+    for i in range(documents):
+        chunk = text[start + i * chars_per_doc: start + (i + 1) * chars_per_doc]
+        (folder / f"doc{i:03d}.txt").write_text(chunk, encoding="utf-8")
+    return folder
+
+
+def tiny_tokenizer(path: str | Path, corpus: str | Path, vocab_size: int = TINY_VOCAB) -> Path:
+    """Train a byte-level BPE (with ``<|endoftext|>`` and ``<|padding|>``) on the files of ``corpus``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|padding|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    files = sorted(str(p) for p in Path(corpus).glob("*.txt"))
+    tok.train(files, trainer)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def tiny_data(root: str | Path) -> dict[str, Path]:
+    """Corpus + tokenizer + prepared data under ``root`` (created once; reused when present)."""
+    from adaponder.data.prepare import prepare
+
+    root = Path(root)
+    corpus = root / "corpus"
+    tokenizer = root / "tokenizer.json"
+    data = root / "prepared"
+    if not (data / "meta.json").is_file():
+        tiny_corpus(corpus)
+        tiny_tokenizer(tokenizer, corpus)
+        prepare([str(corpus)], data, tokenizer=str(tokenizer), val_fraction=0.1, seed=0, num_workers=1,
+                progress=False)
+    return {"corpus": corpus, "tokenizer": tokenizer, "data": data}
+
+
+def tiny_train_config(data: Path, tokenizer: Path, out_dir: Path, **sections: Any) -> dict[str, Any]:
+    """A training config mapping (the YAML's content) for a ~60k-parameter model; ``sections`` are merged in
+    (``tiny_train_config(..., train={"steps": 8})``)."""
+    cfg: dict[str, Any] = {
+        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+                  "vocab_size": TINY_VOCAB, "max_position_embeddings": 64, "rotary_pct": 0.25,
+                  "use_parallel_residual": True, "tie_word_embeddings": False, "mode": "adaponder", "passes": 4},
+        "data": {"path": str(data), "tokenizer": str(tokenizer), "seq_len": 32},
+        "optim": {"lr": 3e-3, "warmup": 2},
+        "schedule": {"s0": 0.25, "s1": 0.5, "ponder_weight": 0.5, "k_max": 0.3},
+        "deepspeed": {"zero_stage": 1, "precision": "fp32"},
+        "checkpoint": {"every": 1000, "keep": 3, "export_hf": False},
+        "logging": {"every": 1, "progress_bar": False, "console": True, "peak_flops": 1e11},
+        "eval": {"every": 0, "max_batches": 4, "at_end": True, "report": False},
+        "train": {"out_dir": str(out_dir), "steps": 8, "micro_batch": 4, "grad_accum": 2, "seed": 7,
+                  "threads": 1, "deterministic": True},
+    }
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    return cfg
+
+
+__all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB"]

@@ -1,0 +1,609 @@
+"""The pretraining loop: DeepSpeed engine, A13 schedule, A14 stages, checkpoints, metrics, signals.
+
+The model knows nothing of ranks; DeepSpeed settings come from :mod:`.ds_config`; the recipe from the YAML.
+One optimizer step:
+
+1. the learning rate, ponder-loss state (k, λ) and stage (gates-only or joint) follow from the step number;
+2. ``grad_accum`` micro-batches: forward, ``L = L_LM (+ λ·L_ponder)``, ``engine.backward``; statistics are
+   accumulated locally;
+3. one all-reduce of the statistics vector: mean losses, exit passes, whether any rank saw a non-finite
+   loss, whether any rank received SIGTERM/SIGINT;
+4. ``engine.step()``: the guarded AdamW refuses the update if a loss or a gradient was non-finite anywhere
+   (parameters and optimizer state stay bit-identical); N refusals in a row stop the run;
+5. logging, periodic validation, checkpoints; on a signal: a checkpoint, then exit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import metrics as M
+from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, has_checkpoint, read_latest,
+                         resolve_resume, rng_state, set_rng_state, validate)
+from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
+from .ds_config import build_ds_config, clips_in_deepspeed
+from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
+from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
+from .schedule import learning_rate, ponder_schedule, stage
+
+EXIT_OK, EXIT_ERROR, EXIT_NONFINITE = 0, 2, 3
+
+# Model-config fields that a checkpoint and the resuming run must agree on.
+_STRUCTURAL = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale", "embedding_multiplier",
+               "use_parallel_residual", "tie_word_embeddings", "max_position_embeddings")
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its last step for a reason the user must see (exit code attached)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- process group ---------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int, int]:
+    """Join the launcher's process group (``deepspeed``/``torchrun`` set RANK, WORLD_SIZE, ...), or make a
+    1-rank group for a plain ``python launch/pretrain.py``. Returns (rank, local_rank, world_size)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    acc = get_accelerator()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if acc.device_name() != "cpu":
+        acc.set_device(local_rank)
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), auto_mpi_discovery=False,
+                                   verbose=False)
+    return dist.get_rank(), local_rank, dist.get_world_size()
+
+
+def _broadcast_error(message: str | None) -> str | None:
+    """Share rank 0's error (or None) with every rank, so all of them fail together instead of hanging."""
+    box = [message]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _any_rank(flag: bool, device) -> bool:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A13: ``(L, L_LM, L_ponder)``. ``L = L_LM`` before S0 (and for models without gates); after it
+    ``L = L_LM + λ·L_ponder`` with the bottom-k ponder loss (A11–A12) at the scheduled k. ``L_ponder`` is
+    None for models without gates, and 0 while the ponder loss is off."""
+    from adaponder.modeling import ponder_loss
+
+    lm = out.loss
+    if out.gate_values is None or out.gate_mask is None:
+        return lm, lm, None
+    if not ps.active:
+        return lm, lm, lm.new_zeros(())
+    pl = ponder_loss(out.gate_values, out.gate_mask, ps.k)
+    return lm + ps.weight * pl, lm, pl
+
+
+# -- the trainer -----------------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, cfg: TrainConfig, resume: str | None = None):
+        self.cfg = cfg
+        self.resume_arg = resume
+        self.stop_signal: int | None = None
+        self._sigint_count = 0
+
+    # ---- setup ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.rank, self.local_rank, self.world_size = init_distributed()
+        from deepspeed.accelerator import get_accelerator
+
+        self.device = torch.device(get_accelerator().device_name(self.local_rank)
+                                   if get_accelerator().device_name() != "cpu" else "cpu")
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        self.plan: RunPlan = plan_run(cfg, self.world_size)
+        self.ckpt_dir = cfg.checkpoint_dir
+
+        # Resume target first: a fresh run never writes into a folder that holds checkpoints.
+        self.resume_dir = resolve_resume(self.resume_arg, self.ckpt_dir)
+        if self.resume_dir is None and self.resume_arg in (None, "none") and has_checkpoint(self.ckpt_dir):
+            raise CheckpointError(
+                f"{self.ckpt_dir} already holds checkpoints (latest: {read_latest(self.ckpt_dir)}); "
+                "continue with --resume auto, or set another train.out_dir / checkpoint.dir")
+
+        self._setup_data()
+        self._setup_model()
+        self.compat = self._compat()
+        self.resume_state = validate(self.resume_dir, self.compat) if self.resume_dir is not None else None
+        self._setup_engine()
+        self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world_size)
+
+        self.step = 0
+        self.tokens_seen = 0
+        self.consecutive_skips = 0
+        self.skipped_total = 0
+        if self.resume_dir is not None:
+            self._load(self.resume_dir)
+        else:
+            seed_everything(cfg.train.seed + self.rank)
+
+        out = cfg.out_dir
+        if self.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+            (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
+        run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
+        self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
+        flops = self.model.flops_per_token(None, context=self.plan.seq_len, training=True)["total"]
+        self.throughput = M.Throughput(flops, cfg.logging.peak_flops, self.world_size)
+        self._install_signals()
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        from adaponder.data.errors import DataError
+        from adaponder.data.tokenizer import load_tokenizer
+
+        path = Path(cfg.data.path)
+        if cfg.data.prepare and not (path / "meta.json").is_file():
+            err = None
+            if self.rank == 0:
+                try:
+                    from adaponder.data import bundled_corpus_dir
+                    from adaponder.data.prepare import prepare
+
+                    inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
+                    prepare(inputs, path, tokenizer=cfg.data.tokenizer, text_field=cfg.data.text_field,
+                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers, progress=False)
+                except (DataError, ValueError) as e:
+                    err = f"preparing data.prepare into {path}: {e}"
+            err = _broadcast_error(err)
+            if err:
+                raise DataError(err)
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.tokenizer_path = cfg.data.tokenizer
+
+    def _setup_model(self) -> None:
+        cfg = self.cfg
+        from adaponder.modeling import AdaPonderForCausalLM
+
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
+        if cfg.init.backbone:
+            mode, overrides = cfg.model_overrides()
+            model = AdaPonderForCausalLM.from_backbone(cfg.init.backbone, mode=mode, **overrides)
+            self.ds_config = build_ds_config(cfg, self.plan, sum(p.numel() for p in model.parameters()))
+        else:
+            with torch.device("meta"):
+                n_params = sum(p.numel() for p in AdaPonderForCausalLM(cfg.model_config()).parameters())
+            self.ds_config = build_ds_config(cfg, self.plan, n_params)
+            torch.manual_seed(cfg.train.seed)
+        if cfg.init.backbone:
+            pass  # built above
+        elif cfg.deepspeed.zero_stage == 3:
+            # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
+            from transformers.integrations import HfDeepSpeedConfig
+
+            hf_ds = HfDeepSpeedConfig(self.ds_config)  # noqa: F841  (must stay alive while constructing)
+            model = AdaPonderForCausalLM._from_config(cfg.model_config())
+            del hf_ds
+        else:
+            model = AdaPonderForCausalLM(cfg.model_config())
+        if cfg.deepspeed.activation_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        self.model = model
+        self.k_passes = model.config.num_passes
+        self.gated = bool(model.config.gated)
+        self._fwd_extra = {"return_logits": False} if "return_logits" in _params(model.forward) else {}
+
+        from adaponder.data.loader import PackedLoader
+
+        self.loader = PackedLoader(cfg.data.path, split="train", seq_len=self.plan.seq_len,
+                                   micro_batch_size=self.plan.micro_batch, rank=self.rank,
+                                   world_size=self.world_size, seed=cfg.train.seed,
+                                   tokenizer_fingerprint=self.tokenizer.fingerprint,
+                                   vocab_size=model.config.vocab_size)
+        # Fail now, not at the first validation, if the val split is unusable.
+        from adaponder.data.loader import iter_eval_batches
+
+        if cfg.eval.every or cfg.eval.at_end:
+            next(iter_eval_batches(cfg.data.path, self.plan.seq_len, 1, rank=self.rank, world_size=self.world_size,
+                                   tokenizer_fingerprint=self.tokenizer.fingerprint,
+                                   vocab_size=model.config.vocab_size, max_batches=1), None)
+
+    def _compat(self) -> dict[str, Any]:
+        c = self.model.config
+        return {
+            "model": {k: getattr(c, k, None) for k in _STRUCTURAL},
+            "seq_len": self.plan.seq_len,
+            "world_size": self.world_size,
+            "micro_batch": self.plan.micro_batch,
+            "grad_accum": self.plan.grad_accum,
+            "zero_stage": self.cfg.deepspeed.zero_stage,
+            "precision": self.cfg.deepspeed.precision,
+            "seed": self.cfg.train.seed,
+            "tokenizer_fingerprint": self.tokenizer.fingerprint,
+            "train_samples": self.loader.num_samples,
+        }
+
+    def _setup_engine(self) -> None:
+        import deepspeed
+
+        cfg = self.cfg
+        groups = param_groups(self.model, cfg.optim.weight_decay)
+        kw = dict(lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+        if cfg.deepspeed.offload_optimizer != "none":
+            opt = guarded_cpu_adam(groups, **kw)
+        else:
+            opt = GuardedAdamW(groups, **kw)
+        self.opt = opt
+        if self.plan.gates_only_steps > 0:
+            # A14: while the backbone is frozen its gradients are zeroed on arrival, so clipping sees only
+            # the gates, and the guard leaves its parameter groups (and their Adam state) untouched.
+            self._backbone_frozen = False
+            for name, p in self.model.named_parameters():
+                if not name.startswith("gates."):
+                    p.register_hook(lambda g: torch.zeros_like(g) if self._backbone_frozen else g)
+        engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=opt, config=self.ds_config,
+                                               dist_init_required=False)
+        self.engine = engine
+        if cfg.deepspeed.zero_stage == 3:
+            # The pass loop reads the embedding and output matrices outside their modules (pondering
+            # embedding A4, chunked cross-entropy): let ZeRO-3 gather them for the whole forward.
+            module = engine.module
+            for p in (module.gpt_neox.embed_in.weight, module.lm_head.weight):
+                deepspeed.zero.register_external_parameter(module, p)
+        self.model = engine.module
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        return {"tokens_seen": self.tokens_seen, "consecutive_skips": self.consecutive_skips,
+                "skipped_total": self.skipped_total, "compat": self.compat, "plan": vars(self.plan),
+                "tokenizer": self.tokenizer_path, "config_fingerprint": self.cfg.fingerprint(),
+                "schedule": {"s0": self.plan.s0, "s1": self.plan.s1, "k_max": self.cfg.schedule.k_max,
+                             "ponder_weight": self.cfg.schedule.ponder_weight,
+                             "gates_only_steps": self.plan.gates_only_steps}}
+
+    def save(self) -> Path:
+        crash = self.cfg.debug.crash_in_save_at is not None and self.step == self.cfg.debug.crash_in_save_at
+        rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(), "step": self.step}
+        path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
+                              model_config=self.model.config.to_dict(), crash=crash)
+        self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
+                      f"checkpoint saved: {path}")
+        self._last_saved = self.step
+        return path
+
+    def _load(self, tag_dir: Path) -> None:
+        rank_state = self.ckpt.load(self.engine, tag_dir)
+        st = self.resume_state
+        try:
+            self.loader.load_state_dict(rank_state["loader"])
+        except Exception as err:
+            raise CheckpointError(f"{tag_dir}: data-loader state does not fit ({err})") from None
+        self.step = int(st["step"])
+        self.tokens_seen = int(st.get("tokens_seen", 0))
+        self.consecutive_skips = int(st.get("consecutive_skips", 0))
+        self.skipped_total = int(st.get("skipped_total", 0))
+        set_rng_state(rank_state["rng"])
+        self._last_saved = self.step
+        if self.rank == 0:
+            M.write_console(f"resumed from {tag_dir} at step {self.step} ({self.tokens_seen:,} tokens seen)")
+
+    # ---- signals --------------------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        def handler(signum, frame):
+            if signum == signal.SIGINT:
+                self._sigint_count += 1
+                if self._sigint_count > 1:
+                    raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+            self.stop_signal = signum
+
+        self._old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _restore_signals(self) -> None:
+        for s, h in getattr(self, "_old_handlers", {}).items():
+            signal.signal(s, h)
+
+    # ---- one optimizer step ---------------------------------------------------------------------------
+    def _set_stage(self, step: int) -> str:
+        st = stage(step, self.plan.gates_only_steps)
+        frozen = st == "gates_only"
+        if self.plan.gates_only_steps > 0:
+            self._backbone_frozen = frozen
+            for g in self.opt.param_groups:
+                g["frozen"] = frozen and g.get("part") == "backbone"
+        return st
+
+    def train_step(self, train_iter) -> dict[str, Any]:
+        cfg, plan, engine = self.cfg, self.plan, self.engine
+        step = self.step  # 0-based index of this step
+        lr = learning_rate(step, lr=cfg.optim.lr, total_steps=plan.total_steps, warmup_steps=plan.warmup_steps,
+                           min_lr_ratio=cfg.optim.min_lr_ratio, decay=cfg.optim.decay)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        ps = ponder_schedule(step, s0=plan.s0, s1=plan.s1, k_max=cfg.schedule.k_max, weight=cfg.schedule.ponder_weight)
+        st = self._set_stage(step)
+        inject = step + 1 in cfg.debug.nonfinite_steps and cfg.debug.nonfinite_rank in (None, self.rank)
+
+        vec = M.stats_vector(self.k_passes, self.device)
+        t0 = time.perf_counter()
+        engine.train()
+        for micro in range(plan.grad_accum):
+            x = next(train_iter).to(self.device, non_blocking=True)
+            out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, **self._fwd_extra)
+            loss, lm, pl = training_loss(out, ps)
+            if inject:
+                loss = loss * float("nan")
+            M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
+            engine.backward(loss)
+            if micro < plan.grad_accum - 1:
+                engine.step()
+        vec[M.STOP] = 1.0 if self.stop_signal is not None else 0.0
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(vec)
+        nonfinite = bool(vec[M.NONFINITE] > 0)
+        self.opt.veto = nonfinite
+        self.opt.last_skipped = False
+        own_norm = None
+        if not clips_in_deepspeed(cfg) and not nonfinite:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+            own_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        engine.step()
+        skipped = nonfinite or self.opt.last_skipped or not engine.was_step_applied()
+        norm = own_norm if own_norm is not None else engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else None
+        if skipped:
+            norm = float("nan") if nonfinite else (norm if norm is not None else float("inf"))
+        dt = time.perf_counter() - t0
+        self.throughput.add(dt, plan.tokens_per_step)
+        result = M.summarize(vec, self.k_passes)
+        result.update(lr=lr, k=ps.k, **{"lambda": ps.weight if ps.active else 0.0}, grad_norm=norm,
+                      stage=st, skipped=skipped, stop=bool(vec[M.STOP] > 0), nonfinite_micro=int(vec[M.NONFINITE]))
+        return result
+
+    # ---- validation -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, max_batches: int | None) -> dict[str, Any]:
+        from adaponder.data.loader import iter_eval_batches
+
+        cfg, engine = self.cfg, self.engine
+        model = engine.module
+        compact = model.config.compact_inference
+        if cfg.deepspeed.zero_stage == 3:
+            # Every rank must run the same module sequence (parameter all-gathers): no early exit.
+            model.config.compact_inference = False
+        engine.eval()
+        vec = eval_vector(self.k_passes, self.device)
+        mb = cfg.eval.micro_batch or self.plan.micro_batch
+        try:
+            for x in iter_eval_batches(cfg.data.path, self.plan.seq_len, mb, rank=self.rank,
+                                       world_size=self.world_size, tokenizer_fingerprint=self.tokenizer.fingerprint,
+                                       vocab_size=model.config.vocab_size, max_batches=max_batches):
+                eval_batch(engine, x.to(self.device), vec, self.k_passes, self._fwd_extra)
+        finally:
+            model.config.compact_inference = compact
+            engine.train()
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(vec)
+        summary = eval_summary(vec, self.k_passes)
+        summary.update(compute_saved(model, summary["exit_hist"], self.plan.seq_len))
+        return summary
+
+    def _log_eval(self, summary: dict[str, Any], final: bool = False) -> None:
+        rec = {"kind": "eval", "step": self.step, "final": final, **summary}
+        line = (f"eval step {self.step}: val_loss {summary['val_loss']:.4f} | ppl {summary['val_ppl']:.2f} | "
+                f"mean exit pass {summary['mean_exit_pass']:.3f}")
+        self.sink.log(rec, line)
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
+        t_start = time.perf_counter()
+        if self.rank == 0:
+            p = self.model.parameter_counts()
+            M.write_console(
+                f"training {self.model.config.mode} (K={self.k_passes}) {p['total']:,} parameters on "
+                f"{self.world_size} rank(s), ZeRO-{cfg.deepspeed.zero_stage}, {cfg.deepspeed.precision}: "
+                f"{plan.total_steps} steps × {plan.global_batch} sequences × {plan.seq_len} tokens "
+                f"(micro-batch {plan.micro_batch} × accumulation {plan.grad_accum} × {self.world_size} ranks); "
+                f"ponder loss from step {plan.s0}, k reaches {cfg.schedule.k_max} at step {plan.s1}"
+                + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
+        bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
+        train_iter = iter(self.loader)
+        window = M.stats_vector(self.k_passes, "cpu")
+        last: dict[str, Any] = {}
+        skipped_window = 0
+        first_skip = None
+        try:
+            while self.step < plan.total_steps:
+                res = self.train_step(train_iter)
+                self.step += 1
+                self.tokens_seen += plan.tokens_per_step
+                if res["skipped"]:
+                    self.consecutive_skips += 1
+                    self.skipped_total += 1
+                    skipped_window += 1
+                    first_skip = first_skip if self.consecutive_skips > 1 else self.step
+                    self.sink.log({"kind": "event", "step": self.step, "event": "skipped_step",
+                                   "reason": "non-finite loss" if res["nonfinite_micro"] else "non-finite gradient norm",
+                                   "grad_norm": res["grad_norm"], "consecutive": self.consecutive_skips},
+                                  f"step {self.step}: skipped (non-finite "
+                                  f"{'loss' if res['nonfinite_micro'] else 'gradient norm'}); no update applied "
+                                  f"[{self.consecutive_skips} in a row]")
+                    if self.consecutive_skips >= cfg.train.max_consecutive_skips:
+                        latest = read_latest(self.ckpt_dir)
+                        msg = (f"stopping: {self.consecutive_skips} consecutive steps ({first_skip}..{self.step}) had a "
+                               f"non-finite loss or gradient norm (train.max_consecutive_skips = "
+                               f"{cfg.train.max_consecutive_skips}); no update was applied in them. The last "
+                               f"checkpoint is {self.ckpt_dir / latest if latest else 'none (no checkpoint yet)'}, "
+                               "untouched. Lower optim.lr or check the data, then continue with --resume auto.")
+                        self.sink.log({"kind": "event", "step": self.step, "event": "stopped_nonfinite"}, msg)
+                        raise TrainingStopped(msg, EXIT_NONFINITE)
+                else:
+                    self.consecutive_skips = 0
+                    last = res
+                if bar is not None:
+                    bar.update(1)
+                    if not res["skipped"]:
+                        bar.set_postfix(loss=f"{res['loss']:.3f}", D=f"{res['mean_exit_pass']:.2f}", refresh=False)
+
+                if self.step % cfg.logging.every == 0 or self.step == plan.total_steps:
+                    rec = {"kind": "train", "step": self.step, "tokens": self.tokens_seen,
+                           **{k: res[k] for k in ("loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass",
+                                                  "active_fraction", "exit_hist", "lr", "grad_norm", "stage")},
+                           "skipped": skipped_window, **self.throughput.summary()}
+                    if res["skipped"]:
+                        for key in ("loss", "lm_loss", "ponder_loss", "mean_exit_pass"):
+                            rec[key] = float("nan")
+                    rec.update({f"train_{k}": v for k, v in
+                                compute_saved(self.model, res["exit_hist"], plan.seq_len).items() if k == "flops_saved"})
+                    self.sink.log(rec, M.train_line(self.step, plan.total_steps, rec))
+                    self.throughput.reset()
+                    skipped_window = 0
+
+                if res["stop"]:
+                    name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another rank"
+                    path = self.save()
+                    msg = f"received {name}: saved {path} at step {self.step}; continue with --resume auto"
+                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name}, msg)
+                    code = 128 + (self.stop_signal or signal.SIGTERM)
+                    raise TrainingStopped(msg, code)
+                if cfg.train.stop_at is not None and self.step == cfg.train.stop_at and self.step < plan.total_steps:
+                    path = self.save()
+                    msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
+                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at"}, msg)
+                    raise TrainingStopped(msg, EXIT_OK)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < plan.total_steps:
+                    self._log_eval(self.evaluate(cfg.eval.max_batches))
+                if self.step % cfg.checkpoint.every == 0 and self.step < plan.total_steps:
+                    self.save()
+            # -- the end --------------------------------------------------------------------------------
+            M.close_progress_bar()
+            final_eval = self.evaluate(cfg.eval.max_batches) if cfg.eval.at_end else None
+            if final_eval is not None:
+                self._log_eval(final_eval, final=True)
+            if getattr(self, "_last_saved", None) != self.step:
+                self.save()
+            export_dir = self.export_hf(cfg.out_dir / "hf") if cfg.checkpoint.export_hf else None
+            wall = time.perf_counter() - t_start
+            summary = {"steps": self.step, "tokens_seen": self.tokens_seen, "wall_seconds": wall,
+                       "final_train": last, "final_eval": final_eval, "export": str(export_dir) if export_dir else None,
+                       "skipped_total": self.skipped_total}
+            if self.rank == 0:
+                if final_eval is not None and cfg.eval.report:
+                    details = {"mode": self.model.config.mode, "steps": self.step, "tokens seen": self.tokens_seen,
+                               "wall time (s)": f"{wall:.1f}",
+                               "final train loss": f"{last.get('loss', float('nan')):.4f}",
+                               "ranks": self.world_size}
+                    write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
+                    M.write_console(console_report(final_eval))
+                    M.write_console(f"report: {cfg.out_dir / 'report.md'}")
+                (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float),
+                                                          encoding="utf-8")
+            return summary
+        finally:
+            M.close_progress_bar()
+
+    # ---- export ---------------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective. The full weights on rank 0 (gathered from ZeRO-3 shards when needed), None elsewhere."""
+        if self.cfg.deepspeed.zero_stage == 3:
+            sd = self.engine._zero3_consolidated_16bit_state_dict()
+            return sd if self.rank == 0 else None
+        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()} if self.rank == 0 else None
+
+    def export_hf(self, out_dir: Path) -> Path:
+        from .export import save_hf
+
+        sd = self.full_state_dict()
+        if self.rank == 0:
+            extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
+            save_hf(self.engine.module, sd, out_dir, self.tokenizer_path, extra)
+            M.write_console(f"exported Hugging Face checkpoint: {out_dir}")
+        if dist.is_initialized():
+            dist.barrier()
+        return out_dir
+
+    def close(self) -> None:
+        self._restore_signals()
+        if hasattr(self, "sink"):
+            self.sink.close()
+
+
+def _params(fn) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def run(cfg: TrainConfig, resume: str | None = None) -> int:
+    """Set up, train, export; returns the process exit code. Errors the user can fix print one clear message."""
+    from adaponder.data.errors import DataError
+    from adaponder.modeling import AdaPonderConfigError
+
+    trainer = Trainer(cfg, resume)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        trainer.setup()
+        rank = trainer.rank
+        trainer.fit()
+        return EXIT_OK
+    except TrainingStopped as stop:
+        if rank == 0:
+            M.write_console(str(stop))
+        return stop.exit_code
+    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
+        if rank == 0 or not isinstance(err, (TrainConfigError, AdaPonderConfigError)):
+            M.write_console(f"error: {err}")
+        return EXIT_ERROR
+    except SimulatedCrash as err:
+        M.write_console(f"error: {err}")
+        return 1
+    finally:
+        trainer.close()
+
+
+__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE"]
