@@ -1,0 +1,64 @@
+"""AdaPonder data pipeline: tokenizer, one-time preparation into token shards, packed resumable loader.
+
+Typical use::
+
+    from adaponder.data import PackedLoader, bundled_corpus_dir, load_tokenizer
+    from adaponder.data.prepare import prepare  # (adaponder.data.prepare itself is the module)
+    prepare([str(bundled_corpus_dir())], "data/bundled", num_workers=2)
+    loader = PackedLoader("data/bundled", seq_len=256, micro_batch_size=8,
+                          tokenizer_fingerprint=load_tokenizer().fingerprint)
+    for batch in loader:            # LongTensor [8, 257]; inputs batch[:, :-1], labels batch[:, 1:]
+        ...
+
+Names are imported lazily so that tokenization worker processes never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .corpus import bundled_corpus_dir, bundled_corpus_files
+from .errors import (
+    CorpusTooSmallError,
+    DataError,
+    DecodingError,
+    EmptyInputError,
+    InputNotFoundError,
+    RecordError,
+    ShardError,
+    StateError,
+    TokenizerMismatchError,
+    VocabRangeError,
+)
+
+_LAZY = {
+    "Tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "PackedLoader": "loader",
+    "iter_eval_batches": "loader",
+    "read_meta": "layout",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "bundled_corpus_dir",
+    "bundled_corpus_files",
+    "CorpusTooSmallError",
+    "DataError",
+    "DecodingError",
+    "EmptyInputError",
+    "InputNotFoundError",
+    "RecordError",
+    "ShardError",
+    "StateError",
+    "TokenizerMismatchError",
+    "VocabRangeError",
+    *_LAZY,
+]

@@ -1,0 +1,455 @@
+"""Tokenize raw text once into memory-mappable token shards: ``prepare()`` and the ``adaponder-prepare`` CLI.
+
+Pipeline:
+
+1. resolve inputs (files, folders, globs, saved datasets; see :mod:`adaponder.data.sources`);
+2. stream documents in input order, tokenize them in ``num_workers`` processes (order preserved, at most a
+   few batches in flight so memory stays bounded), append the EOD token after every document, and write one
+   temporary token stream plus per-document lengths;
+3. choose the validation documents (document-level, by ``seed``), copy each split into
+   ``{split}-NNNNN.bin`` shards, write ``meta.json`` last;
+4. rename the finished temporary folder to ``output_dir``.
+
+Everything is written under ``.<output_dir name>.tmp-*`` next to the output and only renamed into place when
+complete, so an interrupted run never leaves a directory that looks prepared. Outputs depend only on the
+inputs, tokenizer, ``val_fraction`` and ``seed`` — not on ``num_workers``.
+
+Each document is tokenized whole, so the token count equals ``sum(len(tokenizer.encode(doc)))`` plus one
+EOD per document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .corpus import bundled_corpus_dir
+from .errors import DataError
+from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
+from .sources import Source, SourceStats, iter_documents, resolve_inputs
+from .tokenizer import Tokenizer, as_tokenizer
+
+DEFAULT_SHARD_TOKENS = 1 << 30  # 2 GiB per uint16 shard
+_BATCH_CHARS = 1 << 18  # documents per task: ~256K characters (a long book is one task of its own)
+_BATCH_DOCS = 2048
+_COPY_TOKENS = 1 << 24
+
+# -- tokenization (runs in worker processes, or in-process for num_workers=1) -------------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer: Tokenizer, dtype: str) -> None:
+    # One thread per worker: the processes are the parallelism; rayon threads would oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER["tokenizer"] = tokenizer
+    _WORKER["dtype"] = np.dtype(dtype)
+
+
+def _init_worker_inprocess(tokenizer: Tokenizer, dtype: np.dtype) -> None:
+    # Same code path as the workers, but leaves the caller's TOKENIZERS_PARALLELISM alone.
+    _WORKER["tokenizer"] = tokenizer
+    _WORKER["dtype"] = dtype
+
+
+def _tokenize_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of ``texts`` with EOD after each document, and each document's length (EOD included)."""
+    tok: Tokenizer = _WORKER["tokenizer"]
+    ids = tok.encode_batch(texts)
+    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    out = np.empty(int(lengths.sum()), dtype=_WORKER["dtype"])
+    pos = 0
+    for x in ids:
+        out[pos : pos + len(x)] = x
+        pos += len(x)
+        out[pos] = tok.eod_id
+        pos += 1
+    return out, lengths
+
+
+def _batches(
+    sources: Sequence[Source], text_field: str, errors: str, stats: list[SourceStats]
+) -> Iterator[tuple[np.ndarray, list[str]]]:
+    """(source index of each document, documents) in input order, ~_BATCH_CHARS of text per batch."""
+    texts: list[str] = []
+    owners: list[int] = []
+    chars = 0
+    for i, src in enumerate(sources):
+        for text in iter_documents(src, text_field, errors, stats[i]):
+            texts.append(text)
+            owners.append(i)
+            chars += len(text)
+            if chars >= _BATCH_CHARS or len(texts) >= _BATCH_DOCS:
+                yield np.asarray(owners, dtype=np.int64), texts
+                texts, owners, chars = [], [], 0
+    if texts:
+        yield np.asarray(owners, dtype=np.int64), texts
+
+
+def _make_pool(num_workers: int, tokenizer: Tokenizer, dtype: np.dtype) -> Any:
+    # multiprocessing's default start method (fork on Linux up to Python 3.13, forkserver from 3.14, spawn on
+    # macOS/Windows), so a caller's mp.set_start_method() is honoured; under spawn/forkserver, scripts need
+    # the usual ``if __name__ == "__main__":`` guard. Created before any progress-bar thread exists.
+    return mp.get_context().Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, dtype.str))
+
+
+def _tokenized(
+    batches: Iterator[tuple[np.ndarray, list[str]]], tokenizer: Tokenizer, dtype: np.dtype, pool: Any, window: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(owners, tokens, lengths) per batch, in input order; in-process when ``pool`` is None."""
+    if pool is None:
+        _init_worker_inprocess(tokenizer, dtype)
+        for owners, texts in batches:
+            yield (owners, *_tokenize_batch(texts))
+        return
+    # Bounded read-ahead: memory stays O(window x batch) however large the corpus.
+    pending: deque[tuple[np.ndarray, Any]] = deque()
+    for owners, texts in batches:
+        pending.append((owners, pool.apply_async(_tokenize_batch, (texts,))))
+        if len(pending) >= window:
+            owners0, res = pending.popleft()
+            yield (owners0, *res.get())
+    while pending:
+        owners0, res = pending.popleft()
+        yield (owners0, *res.get())
+
+
+# -- writing --------------------------------------------------------------------------------------------
+class _ShardWriter:
+    """Appends tokens to ``{split}-NNNNN.bin`` files of at most ``shard_tokens`` tokens, hashing each."""
+
+    def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._f: BinaryIO | None = None
+        self._sha = hashlib.sha256()
+        self._n = 0
+
+    def _roll(self) -> None:
+        self._close_current()
+        name = shard_name(self.split, len(self.shards))
+        self._f = open(self.folder / name, "wb")
+        self._sha = hashlib.sha256()
+        self._n = 0
+        self.shards.append({"file": name, "tokens": 0, "sha256": ""})
+
+    def _close_current(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self.shards[-1].update(tokens=self._n, sha256=self._sha.hexdigest())
+            self._f = None
+
+    def write(self, tokens: np.ndarray) -> None:
+        pos = 0
+        while pos < len(tokens):
+            if self._f is None or self._n >= self.shard_tokens:
+                self._roll()
+            take = min(len(tokens) - pos, self.shard_tokens - self._n, _COPY_TOKENS)
+            chunk = np.ascontiguousarray(tokens[pos : pos + take], dtype=self.dtype)
+            buf = chunk.tobytes()
+            self._f.write(buf)  # type: ignore[union-attr]
+            self._sha.update(buf)
+            self._n += take
+            pos += take
+
+    def close(self) -> list[dict[str, Any]]:
+        self._close_current()
+        return self.shards
+
+
+def _choose_val_docs(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of validation documents: round(val_fraction * n) of them, at least 1 when n >= 2 and
+    val_fraction > 0, never all of them."""
+    mask = np.zeros(n_docs, dtype=bool)
+    if n_docs < 2 or val_fraction <= 0:
+        return mask
+    n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
+    mask[np.random.default_rng(seed).choice(n_docs, size=n_val, replace=False)] = True
+    return mask
+
+
+def _write_splits(
+    tmp: Path, stream_path: Path, lengths: np.ndarray, is_val: np.ndarray, dtype: np.dtype, shard_tokens: int
+) -> dict[str, dict[str, Any]]:
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    stream = np.memmap(stream_path, dtype=dtype, mode="r") if starts[-1] else np.empty(0, dtype)
+    splits: dict[str, dict[str, Any]] = {}
+    for split, mask in (("train", ~is_val), ("val", is_val)):
+        docs = np.flatnonzero(mask)
+        writer = _ShardWriter(tmp, split, dtype, shard_tokens)
+        if len(docs):
+            # Copy runs of consecutive documents as single slices.
+            for run in np.split(docs, np.flatnonzero(np.diff(docs) != 1) + 1):
+                writer.write(stream[starts[run[0]] : starts[run[-1] + 1]])
+        shards = writer.close()
+        doc_starts = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(lengths[docs], out=doc_starts[1:])
+        np.save(tmp / docs_name(split), doc_starts)
+        splits[split] = {
+            "documents": int(len(docs)),
+            "tokens": int(doc_starts[-1]),
+            "shards": shards,
+            "docs_index": docs_name(split),
+        }
+    del stream
+    return splits
+
+
+def _check_output_dir(out: Path, overwrite: bool) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise DataError(f"output {out} exists and is not a folder")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise DataError(f"output folder {out} is not empty; pass overwrite=True (CLI: --overwrite) to replace it")
+    if not (out / META_FILE).is_file():
+        raise DataError(f"output folder {out} is not empty and holds no {META_FILE}; refusing to overwrite it")
+    read_meta(out)  # only ever replace a folder this tool wrote
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    if out.exists():
+        trash = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+        out.rename(trash)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+# -- public entry point ---------------------------------------------------------------------------------
+def prepare(
+    inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    text_field: str = "text",
+    val_fraction: float = 0.01,
+    seed: int = 0,
+    num_workers: int = 1,
+    errors: str = "strict",
+    progress: bool = True,
+    *,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Tokenize ``inputs`` into ``output_dir`` and return its metadata (also written to ``meta.json``).
+
+    Args:
+        inputs: files, folders, globs and saved HF datasets (see :mod:`adaponder.data.sources`).
+        output_dir: created (or, with ``overwrite``, replaced) only once everything is written.
+        tokenizer: a :class:`Tokenizer`, a tokenizer path, or None for the bundled Pythia tokenizer.
+        text_field: JSONL key / parquet or dataset column holding the text.
+        val_fraction: fraction of *documents* held out for ``val``; at least one when there are >= 2
+            documents and ``val_fraction > 0``.
+        seed: selects the validation documents.
+        num_workers: tokenization processes; 1 tokenizes in-process, <= 0 uses every available CPU.
+        errors: ``"strict"`` (invalid UTF-8 raises, naming file and byte offset) or ``"replace"`` (U+FFFD,
+            counted per source and in total as ``replacements``).
+        progress: show a tqdm progress bar (tokens, tokens/s) on stderr.
+        shard_tokens: maximum tokens per shard file.
+        overwrite: replace an existing prepared directory.
+
+    Raises:
+        DataError: with a message naming the offending input (see :mod:`adaponder.data.errors`).
+    """
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    if num_workers <= 0:
+        num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    t_start = time.perf_counter()
+    tok = as_tokenizer(tokenizer)
+    sources = resolve_inputs(inputs if not isinstance(inputs, (str, os.PathLike)) else [inputs])
+    out = Path(output_dir).expanduser().resolve()
+    _check_output_dir(out, overwrite)
+    dtype = dtype_for_vocab(tok.vocab_size)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        stats = [SourceStats() for _ in sources]
+        source_tokens = np.zeros(len(sources), dtype=np.int64)
+        all_lengths: list[np.ndarray] = []
+        max_id = -1
+        stream_path = tmp / "stream.tmp"
+        from tqdm.auto import tqdm
+
+        t_tok = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(_make_pool(num_workers, tok, dtype)) if num_workers > 1 else None
+            stream = stack.enter_context(open(stream_path, "wb"))
+            bar = stack.enter_context(tqdm(
+                desc="tokenizing", unit="tok", unit_scale=True, disable=not progress, file=sys.stderr, smoothing=0.1
+            ))
+            batches = _batches(sources, text_field, errors, stats)
+            for owners, tokens, lengths in _tokenized(batches, tok, dtype, pool, window=4 * num_workers):
+                stream.write(tokens.tobytes())
+                all_lengths.append(lengths)
+                np.add.at(source_tokens, owners, lengths)
+                max_id = max(max_id, int(tokens.max()))
+                bar.update(len(tokens))
+        tokenize_s = time.perf_counter() - t_tok
+
+        lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
+        n_docs, n_tokens = int(len(lengths)), int(lengths.sum())
+        is_val = _choose_val_docs(n_docs, val_fraction, seed)
+        splits = _write_splits(tmp, stream_path, lengths, is_val, dtype, shard_tokens)
+        stream_path.unlink()
+
+        total_s = time.perf_counter() - t_start
+        meta: dict[str, Any] = {
+            "format": FORMAT,
+            "tokenizer": {
+                "name": tok.name,
+                "kind": tok.kind,
+                "fingerprint": tok.fingerprint,
+                "vocab_size": tok.vocab_size,
+                "eod_id": tok.eod_id,
+                "pad_id": tok.pad_id,
+            },
+            "tokenizer_fingerprint": tok.fingerprint,
+            "vocab_size": tok.vocab_size,
+            "eod_id": tok.eod_id,
+            "eod_placement": "after every document",
+            "dtype": dtype.name,
+            "max_token_id": max_id,
+            "documents": n_docs,
+            "tokens": n_tokens,
+            "skipped_empty": sum(s.skipped_empty for s in stats),
+            "replacements": sum(s.replacements for s in stats),
+            "text_field": text_field,
+            "val_fraction": val_fraction,
+            "seed": seed,
+            "errors": errors,
+            "shard_tokens": shard_tokens,
+            "splits": splits,
+            "sources": [
+                {
+                    "path": str(src.path),
+                    "format": src.format,
+                    "bytes": st.bytes,
+                    "sha256": st.sha256,
+                    "documents": st.documents,
+                    "tokens": int(source_tokens[i]),
+                    "skipped_empty": st.skipped_empty,
+                    "replacements": st.replacements,
+                    **st.extra,
+                }
+                for i, (src, st) in enumerate(zip(sources, stats))
+            ],
+            "timing": {
+                "num_workers": num_workers,
+                "tokenize_seconds": round(tokenize_s, 3),
+                "total_seconds": round(total_s, 3),
+                "tokens_per_second": round(n_tokens / tokenize_s, 1) if tokenize_s > 0 else None,
+            },
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    meta["output_dir"] = str(out)  # not stored: the folder may be moved
+    return meta
+
+
+# -- CLI ------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="adaponder-prepare",
+        description="Tokenize text (txt, JSONL[.gz/.zst], parquet, saved HF datasets; files, folders or globs) "
+        "into memory-mapped token shards for adaponder.data.loader.PackedLoader.",
+    )
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="file, folder, glob or saved dataset folder")
+    p.add_argument("-o", "--output", required=True, help="output folder (written atomically)")
+    p.add_argument("--bundled", action="store_true", help="add the small corpus bundled with adaponder")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json / folder / sentencepiece .model "
+                   "(default: bundled Pythia GPT-NeoX-20B tokenizer)")
+    p.add_argument("--text-field", default="text", help="JSONL key or column holding the text (default: text)")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for val (default 0.01)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the document-level split (default 0)")
+    p.add_argument("-j", "--workers", type=int, default=0, help="tokenization processes (default: all CPUs)")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="invalid UTF-8: fail (strict, default) or substitute U+FFFD and count (replace)")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="max tokens per shard file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared output folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def summary(meta: dict[str, Any]) -> str:
+    """Human-readable report of a ``prepare`` result (what the CLI prints)."""
+    tr, va, t = meta["splits"]["train"], meta["splits"]["val"], meta["timing"]
+    lines = [
+        f"prepared {meta['documents']:,} documents from {len(meta['sources']):,} sources: "
+        f"{meta['tokens']:,} tokens ({meta['documents']:,} of them EOD), {meta['dtype']}",
+        f"  train: {tr['documents']:,} documents, {tr['tokens']:,} tokens in {len(tr['shards'])} shard(s); "
+        f"val: {va['documents']:,} documents, {va['tokens']:,} tokens",
+        f"  tokenizer {meta['tokenizer']['name']} (fingerprint {meta['tokenizer_fingerprint'][:16]}), "
+        f"vocab_size {meta['vocab_size']:,}",
+    ]
+    if meta["skipped_empty"] or meta["replacements"]:
+        lines.append(f"  skipped {meta['skipped_empty']:,} empty records; {meta['replacements']:,} bytes replaced "
+                     "(invalid UTF-8)")
+    lines.append(
+        f"tokenized in {t['tokenize_seconds']:.2f} s with {t['num_workers']} worker(s): "
+        f"{t['tokens_per_second'] or 0:,.0f} tokens/s (total {t['total_seconds']:.2f} s)"
+    )
+    if "output_dir" in meta:
+        lines.append(f"wrote {meta['output_dir']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``adaponder-prepare`` / ``python -m adaponder.data.prepare``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    inputs = list(args.inputs) + ([str(bundled_corpus_dir())] if args.bundled else [])
+    if not inputs:
+        parser.error("give at least one INPUT, or --bundled")
+    try:
+        meta = prepare(
+            inputs,
+            args.output,
+            tokenizer=args.tokenizer,
+            text_field=args.text_field,
+            val_fraction=args.val_fraction,
+            seed=args.seed,
+            num_workers=args.workers,
+            errors=args.errors,
+            progress=not args.no_progress,
+            shard_tokens=args.shard_tokens,
+            overwrite=args.overwrite,
+        )
+    except (DataError, ValueError) as exc:
+        print(f"adaponder-prepare: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("adaponder-prepare: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    print(summary(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
