@@ -1,0 +1,484 @@
+"""PALBERT mode (ALGORITHMS.md (b)): the recurrent core as a sequence classifier that learns when to stop.
+
+Exit points are the passes i = 1..N of the core (``palbert_passes``, independent of the LM's K). After
+pass i the pooled vector ``c_i`` (B1) feeds one shared head (B2) and the Lambda layer (B3); training
+minimises the PonderNet loss (B4–B7). At inference :meth:`AdaPonderForSequenceClassification.predict`
+runs pass by pass and drops examples from the batch as they exit (B9): passes after the exit are never
+computed, for any rule.
+
+Feedback between passes is the core's: ``E ← E + softmax(W_out h)·Ẽ`` (A4, A7 with s = 1) for the
+pondering modes (and ``vanilla``, whose Ẽ = W_E), ``E ← pre-norm hidden`` for ``loop``. Gates (A5) are
+not used: every token of a classified sequence runs every pass it reaches, so a checkpoint in mode
+``adaponder`` is loaded as ``ponderlm`` (same feedback and scaling, no gates).
+
+Methods (``palbert_method``; one switch, one code path — STYLE 8):
+
+* ``palbert``: Lambda layer on ``[c_i ; c_{i−1}]`` (B3), PonderNet loss.
+* ``pondernet``: baseline, Lambda = Linear on ``c_i`` only, PonderNet loss.
+* ``pabee``: baseline, one head per pass, PABEE loss ``Σ i·L_i / Σ i``, no Lambda layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import initialization as hf_init
+from transformers.utils import ModelOutput
+
+from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
+from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
+from adaponder.palbert.pondernet import (
+    ExitController,
+    LambdaLayer,
+    exit_distribution,
+    expected_prediction,
+    gather_at_exit,
+    last_exit,
+    log_exit_distribution,
+    pabee_exit,
+    pabee_loss,
+    pondernet_loss,
+    q_exit,
+    sample_exit,
+)
+
+__all__ = [
+    "METHODS",
+    "RULES",
+    "PalbertConfig",
+    "PalbertOutput",
+    "PalbertPrediction",
+    "AdaPonderForSequenceClassification",
+    "last_token_index",
+    "offline_exit",
+    "rules_for_method",
+    "predictions_from_outputs",
+]
+
+METHODS = ("palbert", "pondernet", "pabee")
+RULES = ("q", "sample", "expectation", "last", "pabee")
+CORE_MODES = ("vanilla", "ponderlm", "loop")
+KL_DIRECTIONS = ("prior_to_p", "p_to_prior")
+
+
+def rules_for_method(method: str) -> tuple[str, ...]:
+    """Exit rules that apply to a trained ``method``: λ-based rules need a Lambda layer; PABEE's patience
+    rule and always-last need only per-pass predictions (a PALBERT model applies PABEE to its shared head)."""
+    return ("pabee", "last") if method == "pabee" else RULES
+
+
+@strict
+class PalbertConfig(AdaPonderConfig):
+    r"""The core's configuration plus the classifier of section (b).
+
+    Fields (besides the core's and ``num_labels``/``classifier_dropout`` from ``PretrainedConfig``/GPT-NeoX):
+        palbert_passes: N, exit points = passes of the core (B1).
+        palbert_method: ``palbert`` | ``pondernet`` | ``pabee`` (module docstring).
+        pooler: apply ``tanh(Linear(d, d))`` to the pooled vector (B1, optional).
+        lambda_layers / lambda_dropout / lambda_init_bias: the Lambda layer (B3); ``lambda_init_bias``
+            (``None`` = PyTorch default) sets the initial ``b_o``.
+        ponder_beta / ponder_lambda_p / kl_direction: the loss (B6, B7): β, the geometric prior's λ_p and
+            ``prior_to_p`` = KL(p_G ‖ p) (PALBERT's code) or ``p_to_prior`` = KL(p ‖ p_G) (the papers).
+        pabee_regression_threshold: PABEE's "unchanged" tolerance for regression (STS-B).
+    ``num_labels == 1`` means regression (MSE, STS-B).
+    """
+
+    model_type = "adaponder_palbert"
+
+    mode: str = "ponderlm"
+    palbert_passes: int = 4
+    palbert_method: str = "palbert"
+    pooler: bool = False
+    lambda_layers: int = 3
+    lambda_dropout: float = 0.1
+    lambda_init_bias: float | None = None
+    ponder_beta: float = 0.5
+    ponder_lambda_p: float = 0.1
+    kl_direction: str = "prior_to_p"
+    pabee_regression_threshold: float = 0.2
+
+    @property
+    def is_regression(self) -> bool:
+        return self.num_labels == 1
+
+    def validate_architecture(self):
+        problems: list[str] = []
+        try:
+            super().validate_architecture()
+        except AdaPonderConfigError as err:
+            problems += err.problems
+        problems += palbert_problems(self)
+        if problems:
+            raise AdaPonderConfigError(problems)
+
+
+PalbertConfig._auto_class = None  # not remote-code loadable: it imports adaponder.palbert
+
+
+def palbert_problems(cfg) -> list[str]:
+    """Every inconsistency among the classifier fields of ``cfg`` (a :class:`PalbertConfig` or namespace)."""
+    problems = []
+    if cfg.mode not in CORE_MODES:
+        hint = " (load an 'adaponder' checkpoint with from_backbone: it becomes 'ponderlm')" \
+            if cfg.mode == "adaponder" else ""
+        problems.append(f"'mode' of a classifier core must be one of {', '.join(CORE_MODES)}; got {cfg.mode!r}{hint}")
+    if not isinstance(cfg.palbert_passes, int) or cfg.palbert_passes < 1:
+        problems.append(f"'palbert_passes' (N) must be an integer >= 1, got {cfg.palbert_passes!r}")
+    if cfg.palbert_method not in METHODS:
+        problems.append(f"'palbert_method' must be one of {', '.join(METHODS)}; got {cfg.palbert_method!r}")
+    if cfg.lambda_layers < 0:
+        problems.append(f"'lambda_layers' must be >= 0, got {cfg.lambda_layers}")
+    for key in ("lambda_dropout", "classifier_dropout"):
+        val = getattr(cfg, key, 0.0)
+        if val is not None and not 0.0 <= val < 1.0:
+            problems.append(f"'{key}' must lie in [0, 1), got {val}")
+    if cfg.ponder_beta < 0:
+        problems.append(f"'ponder_beta' (β) must be >= 0, got {cfg.ponder_beta}")
+    if not 0.0 < cfg.ponder_lambda_p < 1.0:
+        problems.append(f"'ponder_lambda_p' (λ_p) must lie in (0, 1), got {cfg.ponder_lambda_p}")
+    if cfg.kl_direction not in KL_DIRECTIONS:
+        problems.append(f"'kl_direction' must be one of {', '.join(KL_DIRECTIONS)}; got {cfg.kl_direction!r}")
+    if cfg.pabee_regression_threshold <= 0:
+        problems.append(f"'pabee_regression_threshold' must be > 0, got {cfg.pabee_regression_threshold}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+@dataclass
+class PalbertOutput(ModelOutput):
+    """Training/offline forward of all N passes.
+
+    loss: B7 (PonderNet) or PABEE's loss, when labels are given.
+    logits: the last pass's outputs ``[B, C]`` (HF convention; ``C = 1`` for regression).
+    pass_logits: outputs of every pass ``[B, N, C]``.
+    lambda_logits / lambdas: ``[B, N]`` (λ_N is unused by B4: logit 0 / λ 1 there); None for PABEE.
+    p: exit distribution ``[B, N]`` (B4); None for PABEE.
+    rec / reg: the parts of the PonderNet loss (B5, B6), detached.
+    """
+
+    loss: Tensor | None = None
+    logits: Tensor | None = None
+    pass_logits: Tensor | None = None
+    lambda_logits: Tensor | None = None
+    lambdas: Tensor | None = None
+    p: Tensor | None = None
+    rec: Tensor | None = None
+    reg: Tensor | None = None
+
+
+@dataclass
+class PalbertPrediction:
+    """Online inference result (:meth:`AdaPonderForSequenceClassification.predict`).
+
+    outputs: ``[B, C]`` — the exit pass's logits (classification) or value ``[B, 1]`` (regression); for
+        ``expectation`` the expected class probabilities ``Σ p_i softmax(ŷ_i)`` (or expected value).
+    preds: ``[B]`` class ids (argmax) or float values.
+    exit_pass: ``[B]`` 1-based pass each example exited at (it ran that many passes).
+    pass_rows: Σ over passes of the examples computed in that pass (= exit_pass.sum()).
+    token_rows: Σ over passes of the (examples × sequence length) positions computed (padding included).
+    """
+
+    outputs: Tensor
+    preds: Tensor
+    exit_pass: Tensor
+    pass_rows: int
+    token_rows: int
+
+
+def last_token_index(attention_mask: Tensor | None, batch: int, length: int, device=None) -> Tensor:
+    """B1: index of the last non-padding token of each row ``[B]`` (works for left or right padding)."""
+    if attention_mask is None:
+        return torch.full((batch,), length - 1, dtype=torch.long, device=device)
+    mask = attention_mask[:, -length:].bool()
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("every row needs at least one non-padding token")
+    pos = torch.arange(length, device=mask.device).expand_as(mask)
+    return torch.where(mask, pos, torch.full_like(pos, -1)).amax(dim=1)
+
+
+# ------------------------------------------------------------------------------------------------- model
+
+
+class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
+    """Sequence classification / regression on the recurrent core with learned early exit (section (b))."""
+
+    config_class = PalbertConfig
+    config: PalbertConfig
+    base_model_prefix = "core"
+    _auto_class = None
+
+    def __init__(self, config: PalbertConfig):
+        super().__init__(config)
+        self.core = AdaPonderForCausalLM(config)
+        d, n = config.hidden_size, config.palbert_passes
+        self.pooler = nn.Sequential(nn.Linear(d, d), nn.Tanh()) if config.pooler else None
+        self.dropout = nn.Dropout(config.classifier_dropout or 0.0)
+        n_heads = n if config.palbert_method == "pabee" else 1  # B2: one shared head; PABEE: a head per pass
+        self.heads = nn.ModuleList([nn.Linear(d, config.num_labels) for _ in range(n_heads)])
+        self.lambda_layer = None
+        if config.palbert_method != "pabee":
+            self.lambda_layer = LambdaLayer(d, config.lambda_dropout, config.palbert_method,
+                                            num_layers=config.lambda_layers, init_bias=config.lambda_init_bias)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if self.lambda_layer is not None and module is self.lambda_layer.out \
+                and self.config.lambda_init_bias is not None:
+            hf_init.constant_(module.bias, self.config.lambda_init_bias)
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_backbone(cls, source, *, num_labels: int = 2, palbert_method: str = "palbert",
+                      palbert_passes: int = 4, mode: str | None = None, dtype: torch.dtype | None = None,
+                      **overrides) -> "AdaPonderForSequenceClassification":
+        """A fresh classifier on the backbone of a local GPT-NeoX/Pythia or AdaPonder checkpoint (a directory
+        or a model object). The core's weights are copied; heads and the Lambda layer are new.
+
+        ``mode`` (default: the checkpoint's; ``vanilla`` for GPT-NeoX; ``adaponder`` → ``ponderlm``) picks
+        the feedback between passes. ``overrides`` set :class:`PalbertConfig` fields.
+        """
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise FileNotFoundError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
+            import json
+
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+                meta = json.load(fh)
+            if meta.get("model_type") == PalbertConfig.model_type:
+                source = cls.from_pretrained(path, dtype=dtype).core
+                meta = source.config.to_dict()
+            src_mode = meta.get("mode", "vanilla") if meta.get("model_type") != "gpt_neox" else "vanilla"
+        else:
+            src_mode = getattr(source.config, "mode", "vanilla")
+        mode = mode or ("ponderlm" if src_mode == "adaponder" else src_mode)
+        if mode == "adaponder":
+            mode = "ponderlm"
+        core_kw = {} if mode == "vanilla" else {"passes": 1}  # the LM's K is not used by the classifier
+        core = AdaPonderForCausalLM.from_backbone(source, mode=mode, dtype=dtype, **core_kw)
+        fields = {f.name for f in dataclasses.fields(AdaPonderConfig)} - {"id2label", "label2id", "num_labels", "transformers_version", "architectures"}
+        values = {k: v for k, v in core.config.to_dict().items() if k in fields}
+        values.update(mode=mode, num_labels=num_labels, palbert_method=palbert_method,
+                      palbert_passes=palbert_passes, **overrides)
+        config = PalbertConfig(**values)
+        config._attn_implementation = core.config._attn_implementation
+        model = cls(config)
+        model.core.load_state_dict(core.state_dict())
+        return model.to(dtype) if dtype is not None else model
+
+    # -- parameters ------------------------------------------------------------------------------
+    def lambda_parameters(self) -> list[nn.Parameter]:
+        return [] if self.lambda_layer is None else list(self.lambda_layer.parameters())
+
+    def param_groups(self, lr: float, lambda_lr: float, weight_decay: float = 0.0) -> list[dict]:
+        """Optimizer groups of B8: backbone + pooler + heads at ``lr``, the Lambda layer at ``lambda_lr``.
+        Parameters that never receive a gradient (the LM head in loop mode) are left out."""
+        lam = {id(p) for p in self.lambda_parameters()}
+        unused = set()
+        if self.config.mode == "loop":
+            unused = {id(self.core.lm_head.weight)} - {id(self.core.gpt_neox.embed_in.weight)}
+        main = [p for p in self.parameters() if id(p) not in lam and id(p) not in unused and p.requires_grad]
+        groups = [{"params": main, "lr": lr, "weight_decay": weight_decay, "name": "main"}]
+        if lam:
+            groups.append({"params": self.lambda_parameters(), "lr": lambda_lr, "weight_decay": weight_decay,
+                           "name": "lambda"})
+        return groups
+
+    @property
+    def num_exits(self) -> int:
+        return self.config.palbert_passes
+
+    # -- pieces of a pass ------------------------------------------------------------------------
+    def _pool(self, h_flat: Tensor, batch: int, length: int, last: Tensor) -> Tensor:
+        """B1: final-LN hidden state of each row's last real token (then the optional tanh pooler)."""
+        h = h_flat.view(batch, length, -1)
+        c = h[torch.arange(batch, device=h.device), last]
+        return self.pooler(c) if self.pooler is not None else c
+
+    def _head(self, pass_idx: int, c: Tensor) -> Tensor:
+        """B2: ``ŷ_i = W_c · dropout(c_i) + b_c`` (PABEE: the head of pass i)."""
+        head = self.heads[pass_idx - 1] if len(self.heads) > 1 else self.heads[0]
+        return head(self.dropout(c))
+
+    def _feedback(self, E: Tensor, h_flat: Tensor, pre_flat: Tensor, valid: Tensor) -> Tensor:
+        """The next pass's input: the pondering embedding added (A4, A7 with s = 1) or, in loop mode, the
+        pre-norm hidden state. Padding positions keep their input (nothing real attends to them)."""
+        batch, length, d = E.shape
+        if self.config.mode == "loop":
+            return pre_flat.view(batch, length, d)
+        if bool(valid.all()):
+            return E + self.core.ponder_from_hidden(h_flat).view(batch, length, d)
+        idx = valid.reshape(-1).nonzero().squeeze(1)
+        e = self.core.ponder_from_hidden(h_flat.index_select(0, idx))
+        return E.reshape(-1, d).index_add(0, idx, e.to(E.dtype)).view(batch, length, d)
+
+    # -- training / offline forward --------------------------------------------------------------
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                labels: Tensor | None = None, inputs_embeds: Tensor | None = None, **kwargs) -> PalbertOutput:
+        """All N passes for every example: per-pass outputs, λ, p (B1–B4) and, with ``labels``, the loss
+        (B5–B7, or PABEE's). Evaluation applies the exit rules to this offline (:func:`offline_exit`)."""
+        cfg = self.config
+        core = self.core
+        ctx = core.pass_context(input_ids, attention_mask, inputs_embeds=inputs_embeds)
+        batch, length = ctx.batch, ctx.length
+        last = last_token_index(attention_mask, batch, length, ctx.x0.device)
+        n = cfg.palbert_passes
+        E = ctx.E0
+        c_prev = None
+        outs, lam_logits = [], []
+        for i in range(1, n + 1):
+            h_flat, pre_flat = core.run_pass(E, ctx, i)
+            c = self._pool(h_flat, batch, length, last)
+            outs.append(self._head(i, c))
+            if self.lambda_layer is not None and i < n:
+                lam_logits.append(self.lambda_layer.logits(c, c_prev))
+            c_prev = c
+            if i < n:
+                E = self._feedback(E, h_flat, pre_flat, ctx.valid)
+        pass_logits = torch.stack(outs, dim=1).float()
+        out = PalbertOutput(logits=pass_logits[:, -1], pass_logits=pass_logits)
+        if self.lambda_layer is not None:
+            z = torch.stack(lam_logits + [pass_logits.new_zeros(batch)], dim=1).float()  # λ_N unused (B4)
+            lambdas = torch.sigmoid(z)
+            lambdas = torch.cat([lambdas[:, :-1], torch.ones_like(lambdas[:, -1:])], dim=1)
+            out.lambda_logits, out.lambdas, out.p = z, lambdas, exit_distribution(lambdas)
+        if labels is not None:
+            labels = labels.to(pass_logits.device)
+            labels = labels.float() if cfg.is_regression else labels.long()
+            if self.lambda_layer is None:
+                out.loss = pabee_loss(pass_logits, labels)
+            else:
+                loss, parts = pondernet_loss(pass_logits, labels, out.p, beta=cfg.ponder_beta,
+                                             lambda_p=cfg.ponder_lambda_p, direction=cfg.kl_direction,
+                                             log_p=log_exit_distribution(out.lambda_logits))
+                out.loss, out.rec, out.reg = loss, parts["rec"].detach(), parts["reg"].detach()
+        return out
+
+    # -- online inference with early exit (B9) ---------------------------------------------------
+    @torch.no_grad()
+    def predict(self, input_ids: Tensor, attention_mask: Tensor | None = None, rule: str = "q", *,
+                q: float = 0.5, patience: int | None = None, generator: torch.Generator | None = None,
+                trim: bool = True) -> PalbertPrediction:
+        """Run pass by pass; examples that exit leave the batch, so later passes run only for the rest.
+
+        ``rule``: ``q`` (B9, threshold ``q``), ``sample`` (PonderNet: Bernoulli(λ_i), ``generator``),
+        ``expectation`` (Σ p_i ŷ_i, all passes), ``last``, ``pabee`` (``patience`` t). With ``trim``,
+        trailing sequence positions that are padding for every remaining row are dropped too (exact:
+        attention is causal). The model is put in eval mode for the call.
+        """
+        cfg = self.config
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
+        if rule in ("q", "sample", "expectation") and self.lambda_layer is None:
+            raise ValueError(f"rule {rule!r} needs a Lambda layer; a '{cfg.palbert_method}' model supports "
+                             f"{', '.join(rules_for_method(cfg.palbert_method))}")
+        if rule == "pabee" and patience is None:
+            raise ValueError("rule 'pabee' needs patience")
+        was_training = self.training
+        self.eval()
+        try:
+            return self._predict(input_ids, attention_mask, rule, q, patience, generator, trim)
+        finally:
+            self.train(was_training)
+
+    def _predict(self, input_ids, attention_mask, rule, q, patience, generator, trim) -> PalbertPrediction:
+        cfg, core = self.config, self.core
+        n = cfg.palbert_passes
+        ctx = core.pass_context(input_ids, attention_mask)
+        batch = ctx.batch
+        last = last_token_index(attention_mask, batch, ctx.length, ctx.x0.device)
+        if trim:
+            ctx = _trim_context(ctx, int(last.max()) + 1)
+        ctrl = ExitController(rule, n, batch, q=q, patience=patience, regression=cfg.is_regression,
+                              regression_threshold=cfg.pabee_regression_threshold if cfg.is_regression else None,
+                              generator=generator, device=ctx.x0.device)
+        E, c_prev = ctx.E0, None
+        outputs = torch.zeros(batch, cfg.num_labels, device=ctx.x0.device)
+        pass_rows = token_rows = 0
+        for i in range(1, n + 1):
+            rows = ctrl.active
+            h_flat, pre_flat = core.run_pass(E, ctx, i)
+            pass_rows += ctx.batch
+            token_rows += ctx.batch * ctx.length
+            c = self._pool(h_flat, ctx.batch, ctx.length, last)
+            out_i = self._head(i, c).float()
+            lam = self.lambda_layer(c, c_prev).float() if self.lambda_layer is not None and i < n else None
+            exits = ctrl.step(lambdas=lam, preds=out_i)
+            if rule != "expectation":
+                outputs[rows[exits]] = out_i[exits]
+            if ctrl.done:
+                break
+            if bool(exits.any()):  # exited rows leave the batch before the feedback is formed
+                keep = (~exits).nonzero().squeeze(1)
+                h_flat = h_flat.view(ctx.batch, ctx.length, -1).index_select(0, keep)
+                pre_flat = pre_flat.view(ctx.batch, ctx.length, -1).index_select(0, keep)
+                E, c_prev, last = E.index_select(0, keep), c.index_select(0, keep), last.index_select(0, keep)
+                ctx = ctx.select_rows(keep)
+                length = int(last.max()) + 1 if trim else ctx.length
+                if length < ctx.length:
+                    E, h_flat, pre_flat = E[:, :length], h_flat[:, :length], pre_flat[:, :length]
+                    ctx = _trim_context(ctx, length)
+                h_flat = h_flat.reshape(-1, h_flat.shape[-1])
+                pre_flat = pre_flat.reshape(-1, pre_flat.shape[-1])
+            else:
+                c_prev = c
+            E = self._feedback(E, h_flat, pre_flat, ctx.valid)
+        if rule == "expectation":
+            outputs = ctrl.expected.reshape(batch, -1)
+        preds = outputs[:, 0] if cfg.is_regression else outputs.argmax(dim=-1)
+        return PalbertPrediction(outputs, preds, ctrl.exit_idx + 1, pass_rows, token_rows)
+
+
+def _trim_context(ctx: PassContext, length: int) -> PassContext:
+    """The context restricted to the first ``length`` positions (no-op when already that short)."""
+    if length >= ctx.length:
+        return ctx
+    cut = lambda t: None if t is None else t[:, :length]  # noqa: E731
+    mask = ctx.full_mask[..., :length, :ctx.past + length] if ctx.full_mask is not None else None
+    kp = ctx.key_padding[:, :ctx.past + length] if ctx.key_padding is not None else None
+    return dataclasses.replace(ctx, x0=cut(ctx.x0), E0=cut(ctx.E0), length=length, valid=cut(ctx.valid),
+                               key_padding=kp, full_mask=mask, rope=tuple(t[:, :length] for t in ctx.rope))
+
+
+# ----------------------------------------------------------------------------------- offline exit rules
+
+
+def offline_exit(out: PalbertOutput, rule: str, *, q: float = 0.5, patience: int | None = None,
+                 regression: bool = False, regression_threshold: float | None = None,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Apply an exit rule to a full N-pass forward: returns ``(outputs [B, C], exit_idx [B] 0-based)``,
+    identical to what :meth:`~AdaPonderForSequenceClassification.predict` computes online."""
+    pl = out.pass_logits
+    b, n = pl.shape[:2]
+    if rule == "q":
+        idx = q_exit(out.p, q)
+    elif rule == "sample":
+        idx = sample_exit(out.lambdas, generator)
+    elif rule == "last":
+        idx = last_exit(b, n, pl.device)
+    elif rule == "pabee":
+        idx = pabee_exit(pl, patience, regression_threshold=regression_threshold if regression else None)
+    elif rule == "expectation":
+        return expected_prediction(pl, out.p, regression=regression), last_exit(b, n, pl.device)
+    else:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
+    return gather_at_exit(pl, idx), idx
+
+
+def predictions_from_outputs(outputs: Tensor, regression: bool) -> Tensor:
+    """Class ids (argmax) or regression values ``[B]`` from ``[B, C]`` outputs."""
+    return outputs[:, 0] if regression else outputs.argmax(dim=-1)
+
+
+AutoConfig.register(PalbertConfig.model_type, PalbertConfig, exist_ok=True)
+AutoModelForSequenceClassification.register(PalbertConfig, AdaPonderForSequenceClassification, exist_ok=True)

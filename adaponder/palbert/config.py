@@ -1,0 +1,351 @@
+"""Typed configuration of a GLUE fine-tuning run (``configs/glue/<task>.yaml``, ALGORITHMS.md (b), B8).
+
+A YAML file has the sections below; every key is optional except ``task``. :func:`load_finetune_config`
+applies ``--set section.key=value`` overrides (values parsed as YAML), then validates everything at once:
+unknown keys, wrong types and inconsistent values are all listed in one :class:`FinetuneConfigError`
+naming the file. Defaults follow B8 (Adam, constant LR, batch 32, max length 128, early stopping on the
+dev metric) and B6/B7 (λ_p = 0.1, β = 0.5, KL(p_G ‖ p)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
+
+__all__ = [
+    "FinetuneConfigError",
+    "ModelSection",
+    "LossSection",
+    "DataSection",
+    "TrainSection",
+    "EvalSection",
+    "TimingSection",
+    "FinetuneConfig",
+    "load_finetune_config",
+    "parse_overrides",
+]
+
+_METHODS = ("palbert", "pondernet", "pabee")
+_RULES = ("q", "sample", "expectation", "last", "pabee")
+_CORE_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
+
+
+class FinetuneConfigError(ValueError):
+    """Raised once, listing every problem of a fine-tuning configuration."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
+
+
+@dataclass
+class ModelSection:
+    """The classifier (B1–B3) and its core. ``core_mode: null`` keeps the checkpoint's mode (GPT-NeoX →
+    ``vanilla``; ``adaponder`` → ``ponderlm``); ``tiny-random`` inits default to ``ponderlm``.
+    ``random_shape`` overrides the ``tiny`` preset's shape for ``--init tiny-random``."""
+
+    method: str = "palbert"
+    passes: int = 4
+    core_mode: str | None = None
+    pooler: bool = False
+    classifier_dropout: float = 0.1
+    lambda_layers: int = 3
+    lambda_dropout: float = 0.1
+    lambda_init_bias: float | None = None
+    attn_implementation: str = "sdpa"
+    random_shape: dict = field(default_factory=dict)
+
+
+@dataclass
+class LossSection:
+    """B6/B7: ``L = L_rec + β·KL``, geometric prior with λ_p; ``kl_direction`` ``prior_to_p`` = KL(p_G ‖ p)."""
+
+    beta: float = 0.5
+    lambda_p: float = 0.1
+    kl_direction: str = "prior_to_p"
+
+
+@dataclass
+class DataSection:
+    """Tokenisation: ``text_a + sep + text_b + suffix``, truncated to ``max_length`` (B8: 128).
+    ``sep``/``suffix`` are token strings (special tokens by name; empty = none). ``tokenizer: null`` is the
+    bundled Pythia tokenizer."""
+
+    max_length: int = 128
+    sep: str = "<|endoftext|>"
+    suffix: str = "<|endoftext|>"
+    tokenizer: str | None = None
+
+
+@dataclass
+class TrainSection:
+    """B8. ``epochs`` may be fractional; ``max_steps > 0`` caps the steps. ``eval_every: 0`` evaluates once
+    per epoch. Early stopping: stop after ``early_stopping_patience`` evaluations without improvement of
+    the dev main metric under ``select_rule`` (null = Q-exit, or PABEE for the PABEE baseline); the best
+    weights are restored. ``max_examples: 0`` uses the whole train split (else a seeded random subset)."""
+
+    seed: int = 0
+    lr: float = 2e-5
+    lambda_lr: float = 1e-4
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    epochs: float = 3.0
+    max_steps: int = 0
+    eval_every: int = 0
+    early_stopping_patience: int = 3
+    select_rule: str | None = None
+    grad_clip: float = 1.0
+    max_examples: int = 0
+    log_every: int = 50
+    save_model: bool = False
+
+
+@dataclass
+class EvalSection:
+    """Dev evaluation of every exit rule. ``q``: B9's threshold; ``patience``: PABEE's t; ``sample_draws``:
+    the sampling rule's metric is averaged over this many seeded draws. ``max_examples: 0`` = whole dev."""
+
+    q: float = 0.5
+    patience: int = 2
+    sample_draws: int = 5
+    batch_size: int = 64
+    max_examples: int = 0
+    rules: list = field(default_factory=lambda: list(_RULES))
+
+
+@dataclass
+class TimingSection:
+    """Measured time per example with early exit (each rule) against always-last, at each batch size,
+    over the first ``max_examples`` dev examples; the minimum over ``repeats`` interleaved runs."""
+
+    enabled: bool = True
+    batch_sizes: list = field(default_factory=lambda: [1, 32])
+    max_examples: int = 256
+    repeats: int = 3
+    rules: list = field(default_factory=lambda: list(_RULES))
+    threads: int = 0
+
+
+@dataclass
+class FinetuneConfig:
+    task: str = ""
+    init: str | None = None
+    model: ModelSection = field(default_factory=ModelSection)
+    loss: LossSection = field(default_factory=LossSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    timing: TimingSection = field(default_factory=TimingSection)
+    deepspeed: dict = field(default_factory=lambda: {"zero_optimization": {"stage": 0}})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def select_rule(self) -> str:
+        return self.train.select_rule or ("pabee" if self.model.method == "pabee" else "q")
+
+
+_SECTIONS = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
+_SECTION_TYPES = {"model": ModelSection, "loss": LossSection, "data": DataSection, "train": TrainSection,
+                  "eval": EvalSection, "timing": TimingSection}
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
+    """Whether ``value`` fits a field annotation (given as a string under ``from __future__``)."""
+    ann = eval(annotation, {"dict": dict, "list": list}) if isinstance(annotation, str) else annotation
+    args = typing.get_args(ann) if isinstance(ann, types.UnionType) else (ann,)
+    optional = type(None) in args
+    base = [a for a in args if a is not type(None)][0]
+    name = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
+            list: "a list"}[base] + (" or null" if optional else "")
+    if value is None:
+        return optional, name
+    if base is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            float(value)
+            return True, name
+        except ValueError:
+            return False, name
+    if base is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool), name
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool), name
+    return isinstance(value, base), name
+
+
+def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
+    """Value checks for fields whose type was right (``bad`` holds the dotted keys already reported)."""
+    problems: list[str] = []
+
+    def check(key: str, ok: bool, message: str):
+        if key not in bad and not ok:
+            problems.append(f"'{key}' {message}")
+
+    m, lo, d, t, e, tm = cfg.model, cfg.loss, cfg.data, cfg.train, cfg.eval, cfg.timing
+    if "task" not in bad:
+        try:
+            name = canonical_task(cfg.task)
+            check("task", name in ("cola", "sst2", "mrpc", "stsb", "rte", "wnli"),
+                  f"has no GLUE data here: {cfg.task!r} (available: cola, sst2, mrpc, stsb, rte, wnli)")
+        except ValueError:
+            problems.append(f"'task' must be a GLUE task ({', '.join(METRIC_NAMES)}); got {cfg.task!r}")
+    check("model.method", m.method in _METHODS, f"must be one of {', '.join(_METHODS)}; got {m.method!r}")
+    check("model.passes", m.passes >= 1, f"(N) must be >= 1, got {m.passes}")
+    check("model.core_mode", m.core_mode is None or m.core_mode in _CORE_MODES,
+          f"must be null or one of {', '.join(_CORE_MODES)}; got {m.core_mode!r}")
+    check("model.classifier_dropout", 0 <= m.classifier_dropout < 1, f"must lie in [0, 1), got {m.classifier_dropout}")
+    check("model.lambda_dropout", 0 <= m.lambda_dropout < 1, f"must lie in [0, 1), got {m.lambda_dropout}")
+    check("model.lambda_layers", m.lambda_layers >= 0, f"must be >= 0, got {m.lambda_layers}")
+    check("model.attn_implementation", m.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
+          f"must be sdpa, eager or flash_attention_2; got {m.attn_implementation!r}")
+    check("loss.beta", lo.beta >= 0, f"(β) must be >= 0, got {lo.beta}")
+    check("loss.lambda_p", 0 < lo.lambda_p < 1, f"(λ_p) must lie in (0, 1), got {lo.lambda_p}")
+    check("loss.kl_direction", lo.kl_direction in ("prior_to_p", "p_to_prior"),
+          f"must be prior_to_p (KL(p_G‖p)) or p_to_prior (KL(p‖p_G)); got {lo.kl_direction!r}")
+    check("data.max_length", d.max_length >= 4, f"must be >= 4, got {d.max_length}")
+    check("train.lr", t.lr > 0, f"must be > 0, got {t.lr}")
+    check("train.lambda_lr", t.lambda_lr > 0, f"must be > 0, got {t.lambda_lr}")
+    check("train.weight_decay", t.weight_decay >= 0, f"must be >= 0, got {t.weight_decay}")
+    check("train.batch_size", t.batch_size >= 1, f"must be >= 1, got {t.batch_size}")
+    check("train.epochs", t.epochs > 0, f"must be > 0, got {t.epochs}")
+    for key in ("max_steps", "eval_every", "max_examples", "log_every"):
+        check(f"train.{key}", getattr(t, key) >= 0, f"must be >= 0, got {getattr(t, key)}")
+    check("train.early_stopping_patience", t.early_stopping_patience >= 1,
+          f"must be >= 1, got {t.early_stopping_patience}")
+    check("train.grad_clip", t.grad_clip >= 0, f"must be >= 0 (0 = off), got {t.grad_clip}")
+    allowed = ("pabee", "last") if m.method == "pabee" else _RULES
+    check("train.select_rule", t.select_rule is None or t.select_rule in allowed,
+          f"must be null or one of {', '.join(allowed)} for method {m.method!r}; got {t.select_rule!r}")
+    check("eval.q", 0 <= e.q <= 1, f"must lie in [0, 1], got {e.q}")
+    check("eval.patience", e.patience >= 1, f"(PABEE t) must be >= 1, got {e.patience}")
+    check("eval.sample_draws", e.sample_draws >= 1, f"must be >= 1, got {e.sample_draws}")
+    check("eval.batch_size", e.batch_size >= 1, f"must be >= 1, got {e.batch_size}")
+    check("eval.max_examples", e.max_examples >= 0, f"must be >= 0, got {e.max_examples}")
+    for sec, rules in (("eval", e.rules), ("timing", tm.rules)):
+        unknown = [r for r in rules if r not in _RULES]
+        check(f"{sec}.rules", not unknown, f"has unknown exit rules {unknown}; known: {', '.join(_RULES)}")
+    check("timing.batch_sizes", bool(tm.batch_sizes) and all(isinstance(b, int) and not isinstance(b, bool)
+                                                             and b >= 1 for b in tm.batch_sizes),
+          f"must be a non-empty list of integers >= 1, got {tm.batch_sizes!r}")
+    check("timing.max_examples", tm.max_examples >= 1, f"must be >= 1, got {tm.max_examples}")
+    check("timing.repeats", tm.repeats >= 1, f"must be >= 1, got {tm.repeats}")
+    check("timing.threads", tm.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {tm.threads}")
+    return problems
+
+
+def build_finetune_config(values: Mapping[str, Any], source: str | None = None) -> FinetuneConfig:
+    """Validate a mapping (a parsed YAML file, overrides applied) into a :class:`FinetuneConfig`."""
+    problems: list[str] = []
+    bad: set[str] = set()
+    if not isinstance(values, Mapping):
+        raise FinetuneConfigError([f"the top level must be a mapping, got {type(values).__name__}"], source)
+    kwargs: dict[str, Any] = {}
+    for key, val in values.items():
+        if key not in _SECTIONS:
+            problems.append(f"unknown key '{key}' (known: {', '.join(_SECTIONS)})")
+            continue
+        if key in _SECTION_TYPES:
+            cls = _SECTION_TYPES[key]
+            if val is None:
+                continue
+            if not isinstance(val, Mapping):
+                problems.append(f"'{key}' must be a mapping of {cls.__name__} fields, got {val!r}")
+                bad.add(key)
+                continue
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            sub = {}
+            for k, v in val.items():
+                dotted = f"{key}.{k}"
+                if k not in fields:
+                    problems.append(f"unknown key '{dotted}' (known: {', '.join(fields)})")
+                    continue
+                ok, want = _type_ok(v, fields[k].type)
+                if not ok:
+                    problems.append(f"'{dotted}' must be {want}, got {v!r}")
+                    bad.add(dotted)
+                    continue
+                sub[k] = float(v) if want.startswith("a number") and v is not None else v
+            kwargs[key] = cls(**sub)
+        else:
+            ok, want = _type_ok(val, _SECTIONS[key].type)
+            if not ok:
+                problems.append(f"'{key}' must be {want}, got {val!r}")
+                bad.add(key)
+                continue
+            kwargs[key] = val
+    if "task" not in values:
+        problems.append("'task' is required (cola, sst2, mrpc, stsb, rte, wnli)")
+        bad.add("task")
+    cfg = FinetuneConfig(**kwargs)
+    problems += _semantic_problems(cfg, bad)
+    if problems:
+        raise FinetuneConfigError(problems, source)
+    return cfg
+
+
+def parse_overrides(pairs: list[str] | None) -> list[tuple[list[str], Any]]:
+    """``["train.lr=1e-3", "model.passes=6"]`` → ``[(["train", "lr"], 0.001), ...]`` (values parsed as YAML)."""
+    import yaml
+
+    out = []
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise FinetuneConfigError([f"--set expects key=value, got {pair!r}"])
+        key, raw = pair.split("=", 1)
+        val = yaml.safe_load(raw) if raw.strip() else None
+        out.append((key.strip().split("."), val))
+    return out
+
+
+def load_finetune_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                         base: Mapping[str, Any] | None = None) -> FinetuneConfig:
+    """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    source = None
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh)
+        except FileNotFoundError:
+            raise FinetuneConfigError([f"config file not found: {path}"]) from None
+        except yaml.YAMLError as err:
+            raise FinetuneConfigError([f"not valid YAML: {err}"], source) from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise FinetuneConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], source)
+        values = loaded or {}
+    if base is not None:
+        values = {**base, **values}
+    values = _deep_copy(values)
+    for keys, val in parse_overrides(overrides):
+        node = values
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        node[keys[-1]] = val
+    if overrides:
+        source = f"{source or 'config'} (with --set {' '.join(overrides)})"
+    return build_finetune_config(values, source)
+
+
+def _deep_copy(obj):
+    if isinstance(obj, dict):
+        return {k: _deep_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_deep_copy(v) for v in obj]
+    return obj
