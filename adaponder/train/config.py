@@ -195,6 +195,8 @@ class DebugConfig:
     nonfinite_rank: int | None = None
     #: Raise in the middle of the checkpoint save at this step (after the files, before the rename).
     crash_in_save_at: int | None = None
+    #: Write a digest of every training sample each rank reads to ``<out_dir>/trace/rank<r>.jsonl``.
+    trace_batches: bool = False
 
 
 SECTIONS: dict[str, type] = {

@@ -35,7 +35,7 @@ def build_ds_config(cfg: TrainConfig, plan: RunPlan, n_params: int | None = None
     step time of small models."""
     ds = cfg.deepspeed
     zero: dict[str, Any] = {"stage": ds.zero_stage}
-    bucket = int(min(5e8, max(2**20, n_params or 5e8)))
+    bucket = min(500_000_000, -(-int(n_params or 5e8) // 2**20) * 2**20)  # whole MiB-elements (alignment)
     if ds.zero_stage >= 1:
         zero.update(contiguous_gradients=True, overlap_comm=ds.zero_stage >= 2, reduce_scatter=True,
                     reduce_bucket_size=bucket, allgather_bucket_size=bucket)

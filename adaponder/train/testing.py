@@ -85,4 +85,134 @@ def tiny_train_config(data: Path, tokenizer: Path, out_dir: Path, **sections: An
     return cfg
 
 
-__all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB"]
+
+
+# -- running the launcher from tests ----------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+
+_DRIVER = r"""
+import json, sys
+sys.path.insert(0, {launch!r})
+from pretrain import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    codes.append(main(argv))
+    print("ADAPONDER_EXIT", codes[-1], flush=True)
+print("ADAPONDER_CODES", json.dumps(codes), flush=True)
+"""
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    """Environment for CPU runs: DeepSpeed's CPU accelerator (gloo), offline hubs, no wandb."""
+    import os
+
+    env = dict(os.environ)
+    env.update(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(extra)
+    return env
+
+
+def run_launcher_in_one_process(runs: list[list[str]], timeout: float = 300, cwd: str | Path | None = None):
+    """Run ``launch/pretrain.py main(argv)`` for each argv list, one after another in ONE fresh Python
+    process (one 1-rank process group, one import of torch/DeepSpeed). Returns (exit codes, output)."""
+    import json
+    import subprocess
+    import sys
+
+    code = _DRIVER.format(launch=str(REPO / "launch"))
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], cwd=str(cwd or REPO), env=cpu_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    codes = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("ADAPONDER_CODES"):
+            codes = json.loads(line.split(" ", 1)[1])
+    if codes is None:
+        raise RuntimeError(f"driver failed (exit {proc.returncode}):\n{out[-6000:]}")
+    return codes, out
+
+
+_WORKER = r"""
+import contextlib, io, json, os, sys, traceback
+reply = os.fdopen(os.dup(1), "w")  # replies only; anything else written to fd 1 goes where stderr goes
+os.dup2(2, 1)
+sys.path.insert(0, {launch!r})
+from pretrain import main
+for line in sys.stdin:
+    argv = json.loads(line)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+            code = main(argv)
+    except BaseException:
+        code, _ = -1, buf.write(traceback.format_exc())
+    reply.write(json.dumps({{"code": code, "out": buf.getvalue()}}) + "\n")
+    reply.flush()
+"""
+
+
+class LauncherWorker:
+    """One long-lived Python process that runs ``launch/pretrain.py main(argv)`` on request, so a test
+    module pays for importing torch/DeepSpeed/transformers once. ``run(argv) -> (exit code, output)``."""
+
+    def __init__(self, cwd: str | Path | None = None):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", _WORKER.format(launch=str(REPO / "launch"))],
+                                     cwd=str(cwd or REPO), env=cpu_env(), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def run(self, *argv: str) -> tuple[int, str]:
+        import json
+
+        self.proc.stdin.write(json.dumps([str(a) for a in argv]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"launcher worker died (exit {self.proc.poll()})")
+        reply = json.loads(line)
+        return reply["code"], reply["out"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+
+
+def deepspeed_launch(config: str | Path, ranks: int, port: int, *args: str, timeout: float = 300,
+                     cwd: str | Path | None = None):
+    """``deepspeed --num_gpus N --master_port P launch/pretrain.py --config FILE ARGS`` on the CPU (gloo)."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
+    cmd = [exe, "--num_gpus", str(ranks), "--master_port", str(port), str(REPO / "launch" / "pretrain.py"),
+           "--config", str(config), *args]
+    proc = subprocess.run(cmd, cwd=str(cwd or REPO), env=cpu_env(), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def read_metrics(out_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
+    import json
+
+    path = Path(out_dir) / "metrics.jsonl"
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines()) if r.get("kind") == kind]
+
+
+def write_config(path: str | Path, cfg: dict[str, Any]) -> Path:
+    import yaml
+
+    path = Path(path)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+__all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB", "cpu_env",
+           "run_launcher_in_one_process", "LauncherWorker", "deepspeed_launch", "read_metrics", "write_config"]

@@ -369,6 +369,8 @@ class Trainer:
         engine.train()
         for micro in range(plan.grad_accum):
             x = next(train_iter).to(self.device, non_blocking=True)
+            if cfg.debug.trace_batches:
+                self._trace(step, x)
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, **self._fwd_extra)
             loss, lm, pl = training_loss(out, ps)
             if inject:
@@ -400,6 +402,15 @@ class Trainer:
         result.update(lr=lr, k=ps.k, **{"lambda": ps.weight if ps.active else 0.0}, grad_norm=norm,
                       stage=st, skipped=skipped, stop=bool(vec[M.STOP] > 0), nonfinite_micro=int(vec[M.NONFINITE]))
         return result
+
+    def _trace(self, step: int, x: torch.Tensor) -> None:
+        import hashlib
+
+        folder = self.cfg.out_dir / "trace"
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [hashlib.sha1(r.cpu().numpy().tobytes()).hexdigest()[:16] for r in x]
+        with open(folder / f"rank{self.rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"step": step + 1, "rows": rows}) + "\n")
 
     # ---- validation -----------------------------------------------------------------------------------
     @torch.no_grad()
