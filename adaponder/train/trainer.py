@@ -203,12 +203,17 @@ class Trainer:
 
     def _setup_model(self) -> None:
         cfg = self.cfg
-        from adaponder.modeling import AdaPonderForCausalLM
+        from adaponder.modeling import AdaPonderConfigError, AdaPonderForCausalLM
 
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
         if cfg.init.backbone:
             mode, overrides = cfg.model_overrides()
-            model = AdaPonderForCausalLM.from_backbone(cfg.init.backbone, mode=mode, **overrides)
+            try:
+                model = AdaPonderForCausalLM.from_backbone(cfg.init.backbone, mode=mode, **overrides)
+            except (OSError, ValueError, TypeError) as err:
+                if isinstance(err, AdaPonderConfigError):
+                    raise
+                raise TrainConfigError([f"init.backbone: cannot load {cfg.init.backbone}: {err}"], cfg.source) from None
             self.ds_config = build_ds_config(cfg, self.plan, sum(p.numel() for p in model.parameters()))
         else:
             with torch.device("meta"):
@@ -399,8 +404,12 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.throughput.add(dt, plan.tokens_per_step)
         result = M.summarize(vec, self.k_passes)
+        # fp16: DeepSpeed's dynamic loss scaling skips steps whose scaled gradients overflow and lowers the
+        # scale; that is routine (not a failure) while the loss itself stays finite.
+        scale_skip = skipped and not nonfinite and cfg.deepspeed.precision == "fp16"
         result.update(lr=lr, k=ps.k, **{"lambda": ps.weight if ps.active else 0.0}, grad_norm=norm,
-                      stage=st, skipped=skipped, stop=bool(vec[M.STOP] > 0), nonfinite_micro=int(vec[M.NONFINITE]))
+                      stage=st, skipped=skipped, loss_scale_skip=scale_skip, stop=bool(vec[M.STOP] > 0),
+                      nonfinite_micro=int(vec[M.NONFINITE]))
         return result
 
     def _trace(self, step: int, x: torch.Tensor) -> None:
@@ -456,8 +465,9 @@ class Trainer:
                 f"training {self.model.config.mode} (K={self.k_passes}) {p['total']:,} parameters on "
                 f"{self.world_size} rank(s), ZeRO-{cfg.deepspeed.zero_stage}, {cfg.deepspeed.precision}: "
                 f"{plan.total_steps} steps × {plan.global_batch} sequences × {plan.seq_len} tokens "
-                f"(micro-batch {plan.micro_batch} × accumulation {plan.grad_accum} × {self.world_size} ranks); "
-                f"ponder loss from step {plan.s0}, k reaches {cfg.schedule.k_max} at step {plan.s1}"
+                f"(micro-batch {plan.micro_batch} × accumulation {plan.grad_accum} × {self.world_size} ranks)"
+                + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
+                   f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
                 + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
         bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
         train_iter = iter(self.loader)
@@ -470,7 +480,12 @@ class Trainer:
                 res = self.train_step(train_iter)
                 self.step += 1
                 self.tokens_seen += plan.tokens_per_step
-                if res["skipped"]:
+                if res["loss_scale_skip"]:
+                    self.skipped_total += 1
+                    skipped_window += 1
+                    self.sink.log({"kind": "event", "step": self.step, "event": "loss_scale_overflow"},
+                                  f"step {self.step}: fp16 gradient overflow, step skipped and loss scale lowered")
+                elif res["skipped"]:
                     self.consecutive_skips += 1
                     self.skipped_total += 1
                     skipped_window += 1
@@ -501,11 +516,13 @@ class Trainer:
                 if self.step % cfg.logging.every == 0 or self.step == plan.total_steps:
                     rec = {"kind": "train", "step": self.step, "tokens": self.tokens_seen,
                            **{k: res[k] for k in ("loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass",
-                                                  "active_fraction", "exit_hist", "lr", "grad_norm", "stage")},
+                                                  "active_fraction", "exit_hist", "lr", "grad_norm", "stage")
+                              if self.gated or k not in ("ponder_loss", "k", "lambda")},
                            "skipped": skipped_window, **self.throughput.summary()}
                     if res["skipped"]:
                         for key in ("loss", "lm_loss", "ponder_loss", "mean_exit_pass"):
-                            rec[key] = float("nan")
+                            if key in rec:
+                                rec[key] = float("nan")
                     rec.update({f"train_{k}": v for k, v in
                                 compute_saved(self.model, res["exit_hist"], plan.seq_len).items() if k == "flops_saved"})
                     self.sink.log(rec, M.train_line(self.step, plan.total_steps, rec))
@@ -607,7 +624,8 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
             M.write_console(str(stop))
         return stop.exit_code
     except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
-        if rank == 0 or not isinstance(err, (TrainConfigError, AdaPonderConfigError)):
+        # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
+        if rank == 0:
             M.write_console(f"error: {err}")
         return EXIT_ERROR
     except SimulatedCrash as err:
