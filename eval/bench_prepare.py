@@ -8,7 +8,8 @@ with ``num_workers=2``, prints tokens/s for each and the speed-up, and checks th
 - the token count equals tokenizing every document directly (``len(tok.encode(doc)) + 1`` EOD each).
 
 Usage: ``python eval/bench_prepare.py [--inputs PATH ...] [--workers 1 2] [--no-check]``.
-Exit status 1 if the exactness check fails. Not a timed test: timings depend on the machine.
+Exit status 1 if the exactness check fails. Not a timed test: timings depend on the machine, and on a
+machine shared with other work they mean little (the script reports CPU seconds and effective cores too).
 """
 
 from __future__ import annotations
@@ -82,8 +83,12 @@ def main() -> int:
     print(f"inputs: {', '.join(args.inputs)}  (cpus available: {len(os.sched_getaffinity(0))})")
     if os.path.exists("/proc/stat"):
         busy = machine_busy_fraction()
-        print(f"CPUs already busy before starting: {busy:.0%}" + ("  <- other load: wall-clock speed-up will be "
-              "understated; see effective cores below" if busy > 0.2 else ""))
+        print(f"CPUs already busy before starting: {busy:.0%}")
+        if busy > 0.2:
+            # With kernel autogroup scheduling every session gets an equal CPU share however many processes it
+            # runs, so on a shared machine the 2-worker run cannot get more CPU than the 1-worker run.
+            print("  WARNING: other load; the wall-clock speed-up only means something on idle CPUs. Compare the "
+                  "'effective cores' (CPU s / wall s) of the runs: equal values mean both were capped by others.")
     load_tokenizer()  # warm the cache so both runs pay the same
     ok = True
     with tempfile.TemporaryDirectory(prefix="bench_prepare_") as tmp:
