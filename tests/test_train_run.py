@@ -113,6 +113,20 @@ def test_exported_checkpoint_loads_with_auto_classes_and_matches_engine_val_loss
         assert k == k2 and torch.equal(v, v2), k
 
 
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_resume_equals_continue_for_every_zero_stage(data, launcher, tmp_path, stage):
+    common = dict(train={"steps": 5}, checkpoint={"every": 100}, eval={"at_end": False},
+                  deepspeed={"zero_stage": stage})
+    a = _config(tmp_path, "a", data, **common)
+    b = _config(tmp_path, "b", data, **common)
+    codes, out = run_all(launcher, ["--config", a], ["--config", b, "--set", "train.stop_at=2"],
+                         ["--config", b, "--resume", "auto"])
+    assert codes == [0, 0, 0], out
+    straight = _losses(tmp_path / "a")
+    assert len(straight) == 5 and _losses(tmp_path / "b") == straight
+    assert all(g is not None and 0 < g < float("inf") for *_, g in straight)  # the norm is reported
+
+
 # -- non-finite steps ---------------------------------------------------------------------------------------
 def _module_and_optimizer(tag_dir: Path):
     module = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
@@ -210,6 +224,22 @@ def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, 
     assert codes == [0], out
     assert "resumed from" in out and "step00000002" in out
     assert (ck / "latest").read_text().strip() == "step00000006" and not (ck / ".tmp-step00000004").exists()
+
+
+def test_rewind_to_an_older_checkpoint_replaces_the_abandoned_branch(data, launcher, tmp_path):
+    run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2, "keep": 5},
+                  eval={"at_end": False})
+    codes, out = run_all(launcher, ["--config", run])
+    assert codes == [0], out
+    ck = tmp_path / "run" / "checkpoints"
+    first = _losses(tmp_path / "run")
+    old4 = (ck / "step00000004" / "trainer_state.json").read_text()
+    codes, out = run_all(launcher, ["--config", run, "--resume", ck / "step00000002"])
+    assert codes == [0], out
+    assert (ck / "step00000004" / "trainer_state.json").read_text() != old4  # rewritten by the new branch
+    assert (ck / "latest").read_text().strip() == "step00000006"
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith((".tmp", ".old"))) == []
+    assert _losses(tmp_path / "run") == first  # deterministic: the same steps again
 
 
 # -- continued pretraining (A14) ----------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Layout of ``checkpoint.dir``::
 A save writes everything into ``.tmp-stepNNNNNNNN``; rank 0 then renames it to ``stepNNNNNNNN`` (atomic) and
 replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the previous complete checkpoint;
 the half-written temporary folder is removed by the next save. Older checkpoints beyond ``keep`` are deleted
-only after the new one is in place. The folder must be on a filesystem that every node sees.
+only after the new one is in place. A run resumed from an older checkpoint (a rewind) replaces the
+checkpoints of the abandoned branch as it reaches their steps. The folder must be on a filesystem that every
+node sees.
 """
 
 from __future__ import annotations
@@ -214,13 +216,11 @@ class CheckpointManager:
         """Collective: every rank calls it. Returns the final tag folder."""
         tag = tag_for(step)
         final = self.dir / tag
-        if final.is_dir() and (final / STATE_FILE).is_file():
-            return final  # this exact step is already saved (e.g. a signal right after a resume)
         tmp_tag = f".tmp-{tag}"
         tmp = self.dir / tmp_tag
         if self.rank == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.dir.glob(".tmp-step*"):
+            for stale in [*self.dir.glob(".tmp-step*"), *self.dir.glob(".old-step*")]:
                 shutil.rmtree(stale, ignore_errors=True)
         _barrier()
         t0 = time.perf_counter()
@@ -237,9 +237,15 @@ class CheckpointManager:
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
                      **trainer_state, "manifest": manifest}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
+            old = None
+            if final.exists():  # a run resumed from an earlier checkpoint reaches this step again
+                old = self.dir / f".old-{tag}-{os.getpid()}"
+                os.replace(final, old)
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             _atomic_write(self.dir / "latest", tag.encode())
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
             self._rotate(keep_tag=tag)
         _barrier()
         return final

@@ -158,6 +158,7 @@ class Trainer:
         self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world_size)
 
         self.step = 0
+        self._last_saved, self._last_saved_path = None, None
         self.tokens_seen = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
@@ -205,9 +206,9 @@ class Trainer:
         cfg = self.cfg
         from adaponder.modeling import AdaPonderConfigError, AdaPonderForCausalLM
 
-        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
-        if cfg.init.backbone:
+        if cfg.init.backbone:  # continued pretraining (A14): backbone weights from a checkpoint, fresh gates
             mode, overrides = cfg.model_overrides()
+            torch.manual_seed(cfg.train.seed)
             try:
                 model = AdaPonderForCausalLM.from_backbone(cfg.init.backbone, mode=mode, **overrides)
             except (OSError, ValueError, TypeError) as err:
@@ -216,24 +217,22 @@ class Trainer:
                 raise TrainConfigError([f"init.backbone: cannot load {cfg.init.backbone}: {err}"], cfg.source) from None
             self.ds_config = build_ds_config(cfg, self.plan, sum(p.numel() for p in model.parameters()))
         else:
+            config = cfg.model_config()
             with torch.device("meta"):
-                n_params = sum(p.numel() for p in AdaPonderForCausalLM(cfg.model_config()).parameters())
+                n_params = sum(p.numel() for p in AdaPonderForCausalLM(config).parameters())
             self.ds_config = build_ds_config(cfg, self.plan, n_params)
-            torch.manual_seed(cfg.train.seed)
-        if cfg.init.backbone:
-            pass  # built above
-        elif cfg.deepspeed.zero_stage == 3:
-            # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
-            from transformers.integrations import HfDeepSpeedConfig
+            torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
+            if cfg.deepspeed.zero_stage == 3:
+                # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
+                from transformers.integrations import HfDeepSpeedConfig
 
-            hf_ds = HfDeepSpeedConfig(self.ds_config)  # noqa: F841  (must stay alive while constructing)
-            model = AdaPonderForCausalLM._from_config(cfg.model_config())
-            del hf_ds
-        else:
-            model = AdaPonderForCausalLM(cfg.model_config())
+                hf_ds = HfDeepSpeedConfig(self.ds_config)  # noqa: F841  (must stay alive while constructing)
+                model = AdaPonderForCausalLM._from_config(config)
+                del hf_ds
+            else:
+                model = AdaPonderForCausalLM(config)
         if cfg.deepspeed.activation_checkpointing:
             model.gradient_checkpointing_enable()
-        model.config.use_cache = False
         self.model = model
         self.k_passes = model.config.num_passes
         self.gated = bool(model.config.gated)
@@ -308,13 +307,15 @@ class Trainer:
                              "gates_only_steps": self.plan.gates_only_steps}}
 
     def save(self) -> Path:
+        if getattr(self, "_last_saved", None) == self.step and self._last_saved_path is not None:
+            return self._last_saved_path  # nothing new since (e.g. a signal right after a resume)
         crash = self.cfg.debug.crash_in_save_at is not None and self.step == self.cfg.debug.crash_in_save_at
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(), "step": self.step}
         path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
                               model_config=self.model.config.to_dict(), crash=crash)
         self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
                       f"checkpoint saved: {path}")
-        self._last_saved = self.step
+        self._last_saved, self._last_saved_path = self.step, path
         return path
 
     def _load(self, tag_dir: Path) -> None:
@@ -329,7 +330,7 @@ class Trainer:
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
         self.skipped_total = int(st.get("skipped_total", 0))
         set_rng_state(rank_state["rng"])
-        self._last_saved = self.step
+        self._last_saved, self._last_saved_path = self.step, tag_dir
         if self.rank == 0:
             M.write_console(f"resumed from {tag_dir} at step {self.step} ({self.tokens_seen:,} tokens seen)")
 
