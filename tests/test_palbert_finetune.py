@@ -24,7 +24,17 @@ SMOKE = ["model.core_mode=loop", "model.random_shape={hidden_size: 64, num_hidde
          "num_attention_heads: 4, intermediate_size: 128}", "train.lr=1e-3", "train.lambda_lr=1e-3",
          "train.max_examples=64", "train.epochs=1", "train.eval_every=1", "train.log_every=0",
          "eval.max_examples=48", "eval.sample_draws=2", "timing.max_examples=8", "timing.repeats=1",
-         "timing.batch_sizes=[1, 8]"]
+         "timing.batch_sizes=[1, 8]", "train.threads=1", "timing.threads=1"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run as fast on one thread, and one thread does not stall when the CPU is shared
+    (two OpenMP threads wait on each other whenever one is descheduled)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def launcher_main():
@@ -149,3 +159,28 @@ def test_cli_runs_as_a_script(tmp_path, shared_data):
     res = json.loads((out / "results.json").read_text())
     assert set(res["dev"]["rules"]) == {"q", "last"}
     assert "Q-exit" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_finetune_under_deepspeed_two_ranks(tmp_path, shared_data):
+    """Data parallel through DeepSpeed's engine (ZeRO stage 0, gloo on CPU): two ranks each take half of
+    every batch of 32; rank 0 evaluates and writes the results."""
+    import socket
+
+    launcher = Path(sys.executable).parent / "deepspeed"
+    if not launcher.exists():
+        pytest.skip("deepspeed launcher not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ds"
+    sets = [a for s in [*SMOKE, "timing.enabled=false", "eval.rules=[q, last]"] for a in ("--set", s)]
+    proc = subprocess.run([str(launcher), "--num_gpus", "2", "--master_port", str(port),
+                           str(REPO / "launch" / "finetune_glue.py"), "--deepspeed", "--config",
+                           str(REPO / "configs/glue/sst2.yaml"), "--init", "tiny-random", "--output", str(out),
+                           *sets], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["train"]["world_size"] == 2 and res["train"]["steps"] == 2
+    assert set(res["dev"]["rules"]) == {"q", "last"}

@@ -90,7 +90,10 @@ class TrainSection:
     """B8. ``epochs`` may be fractional; ``max_steps > 0`` caps the steps. ``eval_every: 0`` evaluates once
     per epoch. Early stopping: stop after ``early_stopping_patience`` evaluations without improvement of
     the dev main metric under ``select_rule`` (null = Q-exit, or PABEE for the PABEE baseline); the best
-    weights are restored. ``max_examples: 0`` uses the whole train split (else a seeded random subset)."""
+    weights are restored. ``max_examples: 0`` uses the whole train split (else a seeded random subset).
+    ``device: auto`` = CUDA when available (single process; DeepSpeed places the model itself).
+    ``threads`` (0 = leave torch's setting) sets torch's intra-op threads for the run; on a CPU shared
+    with other jobs 1 is often faster than 2 (no OpenMP thread waits on a descheduled sibling)."""
 
     seed: int = 0
     lr: float = 2e-5
@@ -106,6 +109,8 @@ class TrainSection:
     max_examples: int = 0
     log_every: int = 50
     save_model: bool = False
+    device: str = "auto"
+    threads: int = 0
 
 
 @dataclass
@@ -224,6 +229,9 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
         check(f"train.{key}", getattr(t, key) >= 0, f"must be >= 0, got {getattr(t, key)}")
     check("train.early_stopping_patience", t.early_stopping_patience >= 1,
           f"must be >= 1, got {t.early_stopping_patience}")
+    check("train.device", t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+          f"must be auto, cpu or cuda[:N]; got {t.device!r}")
+    check("train.threads", t.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {t.threads}")
     check("train.grad_clip", t.grad_clip >= 0, f"must be >= 0 (0 = off), got {t.grad_clip}")
     allowed = ("pabee", "last") if m.method == "pabee" else _RULES
     check("train.select_rule", t.select_rule is None or t.select_rule in allowed,

@@ -162,9 +162,10 @@ def forward_all(model: AdaPonderForSequenceClassification, ids: Sequence[Sequenc
     was = model.training
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {"pass_logits": [], "lambda_logits": [], "lambdas": [], "p": []}
+    device = _device_of(model)
     try:
         for batch in _batches(ids, labels, batch_size, pad_id):
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            out = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
             for key in parts:
                 val = getattr(out, key)
                 if val is not None:
@@ -201,7 +202,7 @@ def evaluate_rules(model: AdaPonderForSequenceClassification, out: PalbertOutput
         if rule == "sample":
             draws = []
             for k in range(sample_draws):
-                gen = torch.Generator().manual_seed(seed * 1000 + k)
+                gen = _generator(out.pass_logits.device, seed * 1000 + k)
                 outputs, idx = offline_exit(out, rule, generator=gen, **kw)
                 draws.append(_rule_stats(spec.name, outputs, idx, labels, n, cfg.is_regression))
             stats = {
@@ -219,13 +220,28 @@ def evaluate_rules(model: AdaPonderForSequenceClassification, out: PalbertOutput
     return res
 
 
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _predict_all(model, batches, rule, q, patience, seed=0):
-    gen = torch.Generator().manual_seed(seed)
+    device = _device_of(model)
+    gen = _generator(device, seed)
     preds, exits = [], []
     for batch in batches:
-        r = model.predict(batch["input_ids"], batch["attention_mask"], rule, q=q, patience=patience, generator=gen)
-        preds.append(r.outputs)
-        exits.append(r.exit_pass)
+        r = model.predict(batch["input_ids"].to(device), batch["attention_mask"].to(device), rule, q=q,
+                          patience=patience, generator=gen)
+        preds.append(r.outputs.float().cpu())
+        exits.append(r.exit_pass.cpu())
     return torch.cat(preds), torch.cat(exits)
 
 
@@ -233,35 +249,51 @@ def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence
                rules: Sequence[str], batch_sizes: Sequence[int], repeats: int, q: float, patience: int,
                threads: int = 0) -> dict[str, Any]:
     """Measured time per example of online inference with each rule vs always-last (B9: passes after the
-    exit are not computed). Runs of all rules are interleaved ``repeats`` times and the fastest of each is
-    kept, so background load hits every rule alike. ``ratio_to_ideal`` = measured speed-up (t_last / t_rule)
-    / ideal speed-up (N / mean exit pass)."""
+    exit are not computed).
+
+    Every batch is run ``repeats`` times with each rule, the rules interleaved, after one untimed warm-up;
+    a batch's time is its fastest run and a rule's time is the sum over batches — so a stall caused by
+    other processes hits no rule more than another. ``threads`` (0 = unchanged) sets torch's intra-op
+    threads meanwhile; 1 is the most stable on a shared machine. ``ratio_to_ideal`` = measured speed-up
+    (t_last / t_rule) / ideal speed-up (N / mean exit pass).
+    """
     n = model.config.palbert_passes
     rules = list(dict.fromkeys([*rules, "last"]))
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     model.eval()
-    out: dict[str, Any] = {"examples": len(ids), "threads": torch.get_num_threads(), "repeats": repeats}
+    device = _device_of(model)
+    out: dict[str, Any] = {"examples": len(ids), "threads": torch.get_num_threads(), "repeats": repeats,
+                           "device": str(device)}
     try:
         for bs in batch_sizes:
-            batches = list(_batches(ids, [0] * len(ids), bs, pad_id))
-            best = {r: math.inf for r in rules}
-            exit_mean = {}
-            for rep in range(repeats + 1):  # the first round warms up and is not timed
+            batches = [{k: v.to(device) for k, v in b.items()} for b in _batches(ids, [0] * len(ids), bs, pad_id)]
+            total = {r: 0.0 for r in rules}
+            exits: dict[str, list[torch.Tensor]] = {r: [] for r in rules}
+            for bi, batch in enumerate(batches):
+                best = {r: math.inf for r in rules}
+                for rep in range(repeats + 1):  # round 0 warms up and is not timed
+                    for rule in rules:
+                        gen = _generator(device, bi)
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        res = model.predict(batch["input_ids"], batch["attention_mask"], rule, q=q,
+                                            patience=patience, generator=gen)
+                        _sync(device)
+                        dt = time.perf_counter() - t0
+                        if rep == 0:
+                            exits[rule].append(res.exit_pass.cpu())
+                        else:
+                            best[rule] = min(best[rule], dt)
                 for rule in rules:
-                    t0 = time.perf_counter()
-                    _, exits = _predict_all(model, batches, rule, q, patience)
-                    dt = time.perf_counter() - t0
-                    if rep > 0:
-                        best[rule] = min(best[rule], dt)
-                    exit_mean[rule] = float(exits.float().mean())
+                    total[rule] += best[rule]
             entry: dict[str, Any] = {}
             for rule in rules:
-                per_ex = best[rule] / len(ids)
-                measured = best["last"] / best[rule]
-                ideal = n / exit_mean[rule]
-                entry[rule] = {"sec_per_example": per_ex, "mean_exit_pass": exit_mean[rule],
+                mean_exit = float(torch.cat(exits[rule]).float().mean())
+                measured = total["last"] / total[rule]
+                ideal = n / mean_exit
+                entry[rule] = {"sec_per_example": total[rule] / len(ids), "mean_exit_pass": mean_exit,
                                "measured_speedup": measured, "ideal_speedup": ideal,
                                "ratio_to_ideal": measured / ideal}
             out[f"batch_{bs}"] = entry
@@ -351,6 +383,12 @@ def _seed_all(seed: int):
         pass
 
 
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def _subset(examples, k: int, seed: int):
     if not k or k >= len(examples):
         return list(examples)
@@ -365,6 +403,14 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
 
     Returns the results dict (``None`` on ranks other than 0 of a distributed run).
     """
+    threads = torch.get_num_threads()
+    try:
+        return _run_finetune(cfg, init, data_dir, output, use_deepspeed, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_finetune(cfg, init, data_dir, output, use_deepspeed, log):
     t_start = time.time()
     dist = _Dist(use_deepspeed)
     output = Path(output)
@@ -374,6 +420,8 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
     spec = get_task(cfg.task)
     data_dir = data_dir or default_glue_dir()
     _seed_all(tcfg.seed)
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
 
     # -- data ------------------------------------------------------------------------------------
     tok = load_glue_tokenizer(cfg.data.tokenizer)
@@ -392,6 +440,8 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
 
     # -- model and optimizer (B8) ----------------------------------------------------------------
     model = build_classifier(cfg, init, spec, seed=tcfg.seed)
+    if not dist.enabled:  # under DeepSpeed the engine places the model
+        model.to(_resolve_device(tcfg.device))
     model.train()
     method = model.config.palbert_method
     rules = [r for r in ecfg.rules if r in rules_for_method(method)]
@@ -426,7 +476,8 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
         for batch in _batches(train_ids, train_y, tcfg.batch_size, tok.pad_id, order):
             if dist.enabled and batch["input_ids"].shape[0] < tcfg.batch_size:
                 continue  # data parallel: every rank needs an equal shard
-            batch = dist.shard(batch)
+            device = _device_of(model)
+            batch = {k: v.to(device) for k, v in dist.shard(batch).items()}
             out = (engine or model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                      labels=batch["labels"])
             loss = out.loss
@@ -486,6 +537,10 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
     out = forward_all(model, dev_ids, dev_y, ecfg.batch_size, tok.pad_id)
     results_rules = evaluate_rules(model, out, dev_y, spec, rules, q=ecfg.q, patience=ecfg.patience,
                                    sample_draws=ecfg.sample_draws, seed=tcfg.seed)
+    per_pass = [float(glue_metrics(spec.name, predictions_from_outputs(out.pass_logits[:, i],
+                                                                       model.config.is_regression).numpy(),
+                                   dev_y)[main]) for i in range(mcfg.passes)]
+    p_mean = out.p.mean(0).tolist() if out.p is not None else None
     # The online path (examples leave the batch as they exit) must agree with the offline rule.
     batches = list(_batches(dev_ids, dev_y, 32, tok.pad_id))
     online_out, online_exit = _predict_all(model, batches, select_rule, ecfg.q, ecfg.patience)
@@ -527,7 +582,7 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None,
         "train": {"steps": step, "steps_per_epoch": steps_per_epoch, "best_step": best_step,
                   "best_dev_main": best_score, "stopped_early": stopped_early, "seconds": train_seconds,
                   "world_size": dist.world, "history": history},
-        "dev": {"rules": results_rules},
+        "dev": {"rules": results_rules, "per_pass": per_pass, "mean_p": p_mean},
         "online": online,
         "timing": timing,
         "eval_seconds": time.time() - t_eval,
@@ -581,6 +636,12 @@ def results_markdown(results: dict[str, Any]) -> str:
             row += ["—", "—", "—"] if t is None else [_fmt(1000 * t["sec_per_example"], 3),
                                                      _fmt(t["measured_speedup"], 2), _fmt(t["ratio_to_ideal"], 2)]
         lines.append("| " + " | ".join(row) + " |")
+    per_pass = results["dev"].get("per_pass")
+    if per_pass:
+        lines += ["", f"{results['main_metric']} at each pass (no exit rule): "
+                  + ", ".join(f"{i + 1}: {_fmt(v)}" for i, v in enumerate(per_pass))]
+    if results["dev"].get("mean_p"):
+        lines += ["mean exit distribution p (B4): " + ", ".join(f"{v:.3f}" for v in results["dev"]["mean_p"])]
     maj = results.get("majority_baseline")
     if maj:
         lines += ["", "majority class: " + ", ".join(f"{k} {_fmt(v)}" for k, v in maj.items())]
@@ -590,6 +651,6 @@ def results_markdown(results: dict[str, Any]) -> str:
                   f"{_fmt(on['metrics'][results['main_metric']])}, exit agreement with offline "
                   f"{on['exit_agreement']:.4f}"]
     if timing:
-        lines += [f"timing: {timing['examples']} dev examples, {timing['threads']} threads, best of "
-                  f"{timing['repeats']} interleaved runs; speed-up measured against always-last"]
+        lines += [f"timing: {timing['examples']} dev examples, {timing['threads']} thread(s), each batch the "
+                  f"best of {timing['repeats']} interleaved runs; speed-up measured against always-last"]
     return "\n".join(lines) + "\n"
