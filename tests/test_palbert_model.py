@@ -232,6 +232,25 @@ def test_passes_after_exit_are_not_run(rule):
         assert int(res.exit_pass.min()) < 5 and len(set(res.exit_pass.tolist())) > 1
 
 
+def test_online_sampling_follows_p():
+    """PonderNet sampling run online, examples leaving the batch: exit frequencies of one input repeated
+    4000 times match its p (B4) — a chi-square goodness-of-fit test."""
+    from scipy.stats import chisquare
+
+    model = make(passes=4)
+    with torch.no_grad():
+        model.lambda_layer.out.bias.fill_(-1.0)
+    ids, mask = padded_batch(batch=1, seed=6)
+    with torch.no_grad():
+        p = model(ids, mask).p[0].double()
+    reps = 4000
+    res = model.predict(ids.expand(reps, -1), mask.expand(reps, -1), "sample",
+                        generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(res.exit_pass - 1, minlength=4).double()
+    assert counts.sum() == reps and torch.all(p > 0.02), p
+    assert chisquare(counts.numpy(), (p / p.sum() * reps).numpy()).pvalue > 1e-3, (counts / reps, p)
+
+
 def test_everyone_exits_at_pass_one_runs_one_pass():
     model = make(spread=False)
     with torch.no_grad():

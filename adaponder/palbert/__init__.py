@@ -4,8 +4,13 @@
 * :mod:`adaponder.palbert.metrics` — official GLUE metrics in numpy (B8).
 * :mod:`adaponder.palbert.pondernet` — λ layer (B3), exit distribution (B4), losses (B5–B7),
   exit rules offline and online (B9, sampling, expectation, always-last, PABEE).
+* :mod:`adaponder.palbert.classifier` — ``AdaPonderForSequenceClassification`` on the recurrent core
+  (B1–B7) with online early exit (``predict``), and ``PalbertConfig``.
+* :mod:`adaponder.palbert.config` / :mod:`adaponder.palbert.finetune` — the typed fine-tuning config and
+  the GLUE recipe behind ``launch/finetune_glue.py`` (B8, every exit rule, timing).
 
-Only torch and numpy are imported.
+Importing the package imports only torch and numpy; the model and recipe names below load their modules
+(and transformers) on first use.
 """
 
 from adaponder.palbert.glue import (
@@ -50,3 +55,21 @@ __all__ = [
     "pondernet_loss",
     "q_exit",
 ]
+
+_LAZY = {
+    "AdaPonderForSequenceClassification": "adaponder.palbert.classifier",
+    "PalbertConfig": "adaponder.palbert.classifier",
+    "FinetuneConfig": "adaponder.palbert.config",
+    "FinetuneConfigError": "adaponder.palbert.config",
+    "load_finetune_config": "adaponder.palbert.config",
+    "run_finetune": "adaponder.palbert.finetune",
+}
+__all__ += list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -266,7 +266,8 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
             mode = "ponderlm"
         core_kw = {} if mode == "vanilla" else {"passes": 1}  # the LM's K is not used by the classifier
         core = AdaPonderForCausalLM.from_backbone(source, mode=mode, dtype=dtype, **core_kw)
-        fields = {f.name for f in dataclasses.fields(AdaPonderConfig)} - {"id2label", "label2id", "num_labels", "transformers_version", "architectures"}
+        fields = {f.name for f in dataclasses.fields(AdaPonderConfig)}
+        fields -= {"id2label", "label2id", "num_labels", "transformers_version", "architectures"}
         values = {k: v for k, v in core.config.to_dict().items() if k in fields}
         values.update(mode=mode, num_labels=num_labels, palbert_method=palbert_method,
                       palbert_passes=palbert_passes, **overrides)

@@ -496,7 +496,8 @@ def _run_finetune(cfg, init, data_dir, output, use_deepspeed, log):
             running.append(float(loss.detach()))
             if tcfg.log_every and step % tcfg.log_every == 0 and dist.main:
                 extra = "" if out.rec is None else f" (rec {float(out.rec):.4f}, reg {float(out.reg):.4f})"
-                log(f"[palbert] step {step}/{total_steps} loss {sum(running[-tcfg.log_every:]) / min(len(running), tcfg.log_every):.4f}{extra}")
+                recent = running[-tcfg.log_every:]
+                log(f"[palbert] step {step}/{total_steps} loss {sum(recent) / len(recent):.4f}{extra}")
             if step % eval_every == 0 or step == total_steps:
                 decision = None
                 if dist.main:
@@ -619,7 +620,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     for bk in batch_keys:
         b = bk.split("_")[1]
         head += [f"ms/example @{b}", f"measured speed-up @{b}", f"ratio to ideal @{b}"]
-    lines = [f"## {results['task']} — {results['method']} (N={n}, core {results['core_mode']}, seed {results['seed']})",
+    lines = [f"## {results['task']} — {results['method']} (N={n}, core {results['core_mode']}, "
+             f"seed {results['seed']})",
              "",
              f"dev examples: {results['data']['dev_examples']}; train examples: {results['data']['train_examples']}; "
              f"best step {results['train']['best_step']} of {results['train']['steps']} "
