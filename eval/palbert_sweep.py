@@ -72,7 +72,9 @@ def _std(xs):
 def summarise(task: str, runs: list[dict]) -> dict:
     main = runs[0]["main_metric"]
     rules = list(runs[0]["dev"]["rules"])
-    out = {"task": task, "main_metric": main, "seeds": [r["seed"] for r in runs], "rules": {}, "timing": {}}
+    method = runs[0]["method"]
+    out = {"task": task, "method": method, "main_metric": main, "seeds": [r["seed"] for r in runs], "rules": {},
+           "timing": {}}
     for rule in rules:
         vals = [r["dev"]["rules"][rule]["main"] for r in runs]
         exits = [r["dev"]["rules"][rule]["mean_exit_pass"] for r in runs]
@@ -91,15 +93,17 @@ def summarise(task: str, runs: list[dict]) -> dict:
                                        "ratio_to_ideal_per_seed": get("ratio_to_ideal")}
     maj = runs[0].get("majority_baseline")
     out["majority"] = maj[main] if maj else None
-    checks = {"all_rules_listed": all(set(r["dev"]["rules"]) >= {"q", "sample", "expectation", "last", "pabee"}
-                                      for r in runs)}
+    expected = {"pabee", "last"} if method == "pabee" else {"q", "sample", "expectation", "last", "pabee"}
+    checks = {"all_rules_listed": all(set(r["dev"]["rules"]) >= expected for r in runs)}
+    first = "pabee" if method == "pabee" else "q"
     if maj:
-        checks["q_above_majority_every_seed"] = all(r["dev"]["rules"]["q"]["main"] > maj[main] for r in runs)
+        checks[f"{first}_above_majority_every_seed"] = all(r["dev"]["rules"][first]["main"] > maj[main]
+                                                           for r in runs)
     if "q" in out["rules"] and "sample" in out["rules"]:
         checks["q_mean_ge_sampling_mean"] = out["rules"]["q"]["main_mean"] >= out["rules"]["sample"]["main_mean"]
-    b32 = out["timing"].get("batch_32", {}).get("q")
+    b32 = out["timing"].get("batch_32", {}).get(first)
     if b32:
-        checks["q_ratio_to_ideal_ge_0.8_at_batch_32"] = b32["ratio_to_ideal"] >= 0.8
+        checks[f"{first}_ratio_to_ideal_ge_0.8_at_batch_32"] = b32["ratio_to_ideal"] >= 0.8
     out["checks"] = checks
     return out
 
@@ -109,7 +113,7 @@ def summary_markdown(summaries: list[dict]) -> str:
              "pabee": "PABEE"}
     lines = ["# PALBERT-mode sweep (eval/palbert_sweep.py)", ""]
     for s in summaries:
-        lines += [f"## {s['task']} — dev {s['main_metric']}, mean ± std over seeds {s['seeds']}"
+        lines += [f"## {s['task']} ({s['method']}) — dev {s['main_metric']}, mean ± std over seeds {s['seeds']}"
                   + (f" (majority class {s['majority']:.4f})" if s["majority"] is not None else ""), ""]
         bks = list(s["timing"])
         head = ["exit rule", s["main_metric"], "per seed", "mean exit pass", "speed-up N/mean"]
@@ -135,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "runs" / "palbert_sweep"))
     ap.add_argument("--tasks", nargs="+", default=["sst2", "rte"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--methods", nargs="+", default=["palbert"], choices=["palbert", "pondernet", "pabee"],
+                    help="PALBERT and/or its baselines (PonderNet: Lambda on c_i only; PABEE: a head per pass)")
     ap.add_argument("--init", default="tiny-random")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -148,16 +154,18 @@ def main(argv=None) -> int:
     out = Path(args.out)
     summaries = []
     for task in args.tasks:
-        runs = []
-        for seed in args.seeds:
-            run_dir = out / f"{task}-s{seed}"
-            if args.reuse and (run_dir / "results.json").is_file():
-                runs.append(json.loads((run_dir / "results.json").read_text()))
-                continue
-            sets = [*COMMON, *PER_TASK.get(task, []), f"train.seed={seed}", *args.overrides]
-            cfg = load_finetune_config(REPO / "configs" / "glue" / f"{task}.yaml", sets)
-            runs.append(run_finetune(cfg, init=args.init, data_dir=args.data_dir, output=run_dir))
-        summaries.append(summarise(task, runs))
+        for method in args.methods:
+            runs = []
+            for seed in args.seeds:
+                run_dir = out / (f"{task}-s{seed}" if method == "palbert" else f"{task}-{method}-s{seed}")
+                if args.reuse and (run_dir / "results.json").is_file():
+                    runs.append(json.loads((run_dir / "results.json").read_text()))
+                    continue
+                sets = [*COMMON, *PER_TASK.get(task, []), f"model.method={method}", f"train.seed={seed}",
+                        *args.overrides]
+                cfg = load_finetune_config(REPO / "configs" / "glue" / f"{task}.yaml", sets)
+                runs.append(run_finetune(cfg, init=args.init, data_dir=args.data_dir, output=run_dir))
+            summaries.append(summarise(task, runs))
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
     md = summary_markdown(summaries)
