@@ -73,12 +73,12 @@ def init_distributed() -> tuple[int, int, int]:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     acc = get_accelerator()
+    if not dist.is_initialized():
+        # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
+        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if acc.device_name() != "cpu":
         acc.set_device(local_rank)
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), auto_mpi_discovery=False,
-                                   verbose=False)
     return dist.get_rank(), local_rank, dist.get_world_size()
 
 
