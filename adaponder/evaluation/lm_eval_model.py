@@ -78,6 +78,7 @@ class AdaPonderLM(HFLM):
             raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
         super().__init__(pretrained=ckpt, batch_size=batch_size, dtype=dtype, device=device, **kwargs)
         self.checkpoint = str(ckpt) if isinstance(ckpt, (str, os.PathLike)) else type(ckpt).__name__
         model = self._model

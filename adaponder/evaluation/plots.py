@@ -81,11 +81,22 @@ def ppl_vs_flops_png(dial_rows: Sequence[Mapping], path: str | Path,
         xs = [r["flops"]["x_one_pass"] for r in rows]
         ys = [r["ppl"] for r in rows]
         ax.plot(xs, ys, "-o", color=_COLORS["learned"], label="learned gates, τ sweep", zorder=3)
-        labels: dict[tuple[float, float], list[str]] = {}  # τ values that land on the same point share a label
-        for r, x, y in zip(rows, xs, ys):
-            labels.setdefault((round(x, 6), round(y, 6)), []).append(f"{r['tau']:g}")
-        for (x, y), taus in labels.items():
-            ax.annotate("τ=" + ", ".join(taus), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        # Points closer than ~6% of the axis ranges share one label; labels alternate above/below the line.
+        all_y = ys + [s["ppl"] for s in (points or {}).values()]
+        xspan = (max(xs) - min(xs)) or 1.0
+        yspan = (max(all_y) - min(all_y)) or 1.0
+        groups: list[list[int]] = []
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            j = groups[-1][-1] if groups else None
+            if j is not None and abs(x - xs[j]) < 0.06 * xspan and abs(y - ys[j]) < 0.06 * yspan:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for g, members in enumerate(groups):
+            taus = [f"{t:g}" for t in sorted(rows[i]["tau"] for i in members)]
+            x, y = xs[members[0]], ys[members[0]]
+            ax.annotate("τ=" + ", ".join(taus), (x, y), textcoords="offset points",
+                        xytext=(6, 8) if g % 2 == 0 else (6, -14), fontsize=7, color=_COLORS["learned"])
     markers = {"uniform": "s", "geometric": "^", "no halting": "D", "first pass only": "v"}
     for label, s in (points or {}).items():
         ax.scatter([s["flops"]["x_one_pass"]], [s["ppl"]], marker=markers.get(label, "x"), s=55,

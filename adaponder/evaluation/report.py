@@ -324,7 +324,8 @@ def write_markdown(path: Path, ctx: dict) -> None:
             f"Model `adaponder` (lm-eval `HFLM` subclass) with the settings above; "
             f"{'first ' + str(limit) + ' documents per task' if limit else 'full splits'}; "
             f"value ± bootstrap/standard error. Few-shot examples come from the evaluated split "
-            f"(see `eval/tasks/README.md`).",
+            f"(see `eval/tasks/README.md`). The model's context is {ctx['context']} tokens: lm-eval cuts longer "
+            f"(few-shot) prompts from the left, so shots that do not fit are dropped.",
             "",
             _lm_eval_table(ctx["lm_eval"], ctx["shots"]),
             "",
@@ -390,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "settings.json").write_text(json.dumps(settings.as_dict(), indent=2))
     K = model.config.num_passes
     gated = model.config.gated and K > 1
+    context = int(model.config.max_position_embeddings)
 
     codec = _Codec(tok)
     docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
@@ -403,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     learned["_full_flops"] = None
     files = ["report.md", "results.json", "settings.json"]
     ctx = {"settings": settings, "data": data, "max_tokens": args.max_tokens, "window": window, "stride": stride,
-           "seed": args.seed, "by_source": by_source, "learned": learned, "files": files,
+           "seed": args.seed, "context": context, "by_source": by_source, "learned": learned, "files": files,
            "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
            "command": "adaponder-report " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                 else sys.argv[1:]))}
