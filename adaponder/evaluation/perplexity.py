@@ -374,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
     p.add_argument("--json", default=None, help="write the summary as JSON here")
     args = p.parse_args(argv)
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        args.max_tokens = None
 
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     codec = _Codec(tok)

@@ -44,6 +44,7 @@ SUITE = ("adaponder_lambada_openai", "adaponder_piqa", "adaponder_arc_easy", "ad
          "adaponder_sciq", "adaponder_winogrande")
 HELLASWAG = "adaponder_hellaswag"
 METRICS = ("acc", "acc_norm", "perplexity")
+DEFAULT_MAX_TOKENS = 8192  # per --data entry; --max-tokens 0 scores everything
 
 
 def _repo_root() -> Path:
@@ -353,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a saved AdaPonder checkpoint folder (with its tokenizer)")
     p.add_argument("--out", required=True, help="output folder")
     add_data_args(p, required=False)
+    p.set_defaults(max_tokens=None)
+    for action in p._actions:
+        if action.dest == "max_tokens":
+            action.help = f"cap on scored tokens per --data entry (default {DEFAULT_MAX_TOKENS}; 0 = all)"
+        elif action.dest == "data":
+            action.help += " (default: WikiText-2 test from ../shared/data/corpus)"
     g = p.add_argument_group("recurrence settings (pinned and printed)")
     g.add_argument("--passes", type=int, default=None, help="K (default: the checkpoint's)")
     g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
@@ -378,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.max_tokens is None:  # sixteen re-scorings (iso-FLOPs, τ dial) of a whole corpus take hours on a CPU
+        args.max_tokens = DEFAULT_MAX_TOKENS
+    elif args.max_tokens <= 0:
+        args.max_tokens = None
     t_start = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
