@@ -57,11 +57,11 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
                           chunk: int = 0) -> torch.Tensor:
     """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
 
-    ``chunk`` rows at a time (0 = a default that bounds the probability block to ~64 M entries). With
+    ``chunk`` rows at a time (0 = a default that bounds the probability block to ~16 M entries). With
     gradients, probabilities are recomputed in backward instead of stored.
     """
     n, vocab = h.shape[0], w_out.shape[0]
-    chunk = chunk or max(1, min(n, (1 << 26) // max(vocab, 1)))
+    chunk = chunk or max(1, min(n, (1 << 24) // max(vocab, 1)))
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk)
     parts = [(_chunk_probs(h[s:s + chunk], w_out).to(w_emb.dtype) @ w_emb) for s in range(0, n, chunk)]
@@ -110,5 +110,5 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     """A10 without materialising the ``[N, V]`` logits: mean CE of ``h W_outᵀ`` over targets ≠ -100."""
-    chunk = chunk or max(1, min(h.shape[0], (1 << 26) // max(w_out.shape[0], 1)))
+    chunk = chunk or max(1, min(h.shape[0], (1 << 24) // max(w_out.shape[0], 1)))
     return _ChunkedLinearCrossEntropy.apply(h, w_out, targets, chunk)
