@@ -15,8 +15,8 @@ Names are imported lazily so that tokenization worker processes never import tor
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from adaponder._lazy import lazy_getattr
+
 
 from .corpus import bundled_corpus_dir, bundled_corpus_files
 from .errors import (
@@ -41,10 +41,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -18,8 +18,8 @@ Names are imported lazily so that ``import adaponder.evaluation`` stays cheap (n
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from adaponder._lazy import lazy_getattr
+
 
 _LAZY = {
     "RecurrenceSettings": "settings",
@@ -44,10 +44,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

@@ -13,6 +13,8 @@ Importing the package imports only torch and numpy; the model and recipe names b
 (and transformers) on first use.
 """
 
+from adaponder._lazy import lazy_getattr
+
 from adaponder.palbert.glue import (
     GLUE_TASKS,
     GlueDataError,
@@ -67,9 +69,4 @@ _LAZY = {
 __all__ += list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -10,12 +10,12 @@ dev metric) and B6/B7 (λ_p = 0.1, β = 0.5, KL(p_G ‖ p)).
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from adaponder import typed_config
 from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
 
 __all__ = [
@@ -36,14 +36,10 @@ _RULES = ("q", "sample", "expectation", "last", "pabee")
 _CORE_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
 
 
-class FinetuneConfigError(ValueError):
+class FinetuneConfigError(typed_config.ConfigError):
     """Raised once, listing every problem of a fine-tuning configuration."""
 
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = list(problems)
-        where = f" in {source}" if source else ""
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
+    what = "the fine-tuning configuration"
 
 
 @dataclass
@@ -167,36 +163,13 @@ _SECTION_TYPES = {"model": ModelSection, "loss": LossSection, "data": DataSectio
 # ------------------------------------------------------------------------------------------- validation
 
 
-def _type_ok(value: Any, annotation: Any) -> tuple[bool, str]:
-    """Whether ``value`` fits a field annotation (given as a string under ``from __future__``)."""
-    ann = eval(annotation, {"dict": dict, "list": list}) if isinstance(annotation, str) else annotation
-    args = typing.get_args(ann) if isinstance(ann, types.UnionType) else (ann,)
-    optional = type(None) in args
-    base = [a for a in args if a is not type(None)][0]
-    name = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
-            list: "a list"}[base] + (" or null" if optional else "")
-    if value is None:
-        return optional, name
-    if base is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-        try:
-            float(value)
-            return True, name
-        except ValueError:
-            return False, name
-    if base is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool), name
-    if base is int:
-        return isinstance(value, int) and not isinstance(value, bool), name
-    return isinstance(value, base), name
-
-
 def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     """Value checks for fields whose type was right (``bad`` holds the dotted keys already reported)."""
     problems: list[str] = []
 
     def check(key: str, ok: bool, message: str):
-        if key not in bad and not ok:
-            problems.append(f"'{key}' {message}")
+        if key not in bad and key.split(".")[0] not in bad and not ok:
+            problems.append(f"{key}: {message}")
 
     m, lo, d, t, e, tm = cfg.model, cfg.loss, cfg.data, cfg.train, cfg.eval, cfg.timing
     if "task" not in bad:
@@ -205,7 +178,7 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
             check("task", name in ("cola", "sst2", "mrpc", "stsb", "rte", "wnli"),
                   f"has no GLUE data here: {cfg.task!r} (available: cola, sst2, mrpc, stsb, rte, wnli)")
         except ValueError:
-            problems.append(f"'task' must be a GLUE task ({', '.join(METRIC_NAMES)}); got {cfg.task!r}")
+            problems.append(f"task: must be a GLUE task ({', '.join(METRIC_NAMES)}); got {cfg.task!r}")
     check("model.method", m.method in _METHODS, f"must be one of {', '.join(_METHODS)}; got {m.method!r}")
     check("model.passes", m.passes >= 1, f"(N) must be >= 1, got {m.passes}")
     check("model.core_mode", m.core_mode is None or m.core_mode in _CORE_MODES,
@@ -259,42 +232,21 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
     bad: set[str] = set()
     if not isinstance(values, Mapping):
         raise FinetuneConfigError([f"the top level must be a mapping, got {type(values).__name__}"], source)
-    kwargs: dict[str, Any] = {}
-    for key, val in values.items():
+    for key in values:
         if key not in _SECTIONS:
-            problems.append(f"unknown key '{key}' (known: {', '.join(_SECTIONS)})")
-            continue
-        if key in _SECTION_TYPES:
-            cls = _SECTION_TYPES[key]
-            if val is None:
-                continue
-            if not isinstance(val, Mapping):
-                problems.append(f"'{key}' must be a mapping of {cls.__name__} fields, got {val!r}")
+            problems.append(f"{key}: unknown key (known: {', '.join(_SECTIONS)})")
+    kwargs: dict[str, Any] = {name: typed_config.build_section(cls, values.get(name), name, problems, bad)
+                              for name, cls in _SECTION_TYPES.items()}
+    hints = typing.get_type_hints(FinetuneConfig)
+    for key in ("task", "init", "deepspeed"):
+        if key in values:
+            try:
+                kwargs[key] = typed_config.coerce(values[key], hints[key])
+            except ValueError as err:
+                problems.append(f"{key}: {err}")
                 bad.add(key)
-                continue
-            fields = {f.name: f for f in dataclasses.fields(cls)}
-            sub = {}
-            for k, v in val.items():
-                dotted = f"{key}.{k}"
-                if k not in fields:
-                    problems.append(f"unknown key '{dotted}' (known: {', '.join(fields)})")
-                    continue
-                ok, want = _type_ok(v, fields[k].type)
-                if not ok:
-                    problems.append(f"'{dotted}' must be {want}, got {v!r}")
-                    bad.add(dotted)
-                    continue
-                sub[k] = float(v) if want.startswith("a number") and v is not None else v
-            kwargs[key] = cls(**sub)
-        else:
-            ok, want = _type_ok(val, _SECTIONS[key].type)
-            if not ok:
-                problems.append(f"'{key}' must be {want}, got {val!r}")
-                bad.add(key)
-                continue
-            kwargs[key] = val
     if "task" not in values:
-        problems.append("'task' is required (cola, sst2, mrpc, stsb, rte, wnli)")
+        problems.append("task: required (cola, sst2, mrpc, stsb, rte, wnli)")
         bad.add("task")
     cfg = FinetuneConfig(**kwargs)
     problems += _semantic_problems(cfg, bad)
@@ -305,55 +257,20 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
 
 def parse_overrides(pairs: list[str] | None) -> list[tuple[list[str], Any]]:
     """``["train.lr=1e-3", "model.passes=6"]`` → ``[(["train", "lr"], 0.001), ...]`` (values parsed as YAML)."""
-    import yaml
-
-    out = []
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise FinetuneConfigError([f"--set expects key=value, got {pair!r}"])
-        key, raw = pair.split("=", 1)
-        val = yaml.safe_load(raw) if raw.strip() else None
-        out.append((key.strip().split("."), val))
-    return out
+    return [typed_config.parse_override(pair, FinetuneConfigError) for pair in pairs or []]
 
 
 def load_finetune_config(path: str | Path | None = None, overrides: list[str] | None = None,
                          base: Mapping[str, Any] | None = None) -> FinetuneConfig:
     """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
-    import yaml
-
     values: dict[str, Any] = {}
     source = None
     if path is not None:
         source = str(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                loaded = yaml.safe_load(fh)
-        except FileNotFoundError:
-            raise FinetuneConfigError([f"config file not found: {path}"]) from None
-        except yaml.YAMLError as err:
-            raise FinetuneConfigError([f"not valid YAML: {err}"], source) from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise FinetuneConfigError([f"the top level must be a mapping, got {type(loaded).__name__}"], source)
-        values = loaded or {}
+        values = typed_config.read_yaml(path, FinetuneConfigError)
     if base is not None:
         values = {**base, **values}
-    values = _deep_copy(values)
-    for keys, val in parse_overrides(overrides):
-        node = values
-        for k in keys[:-1]:
-            if not isinstance(node.get(k), dict):
-                node[k] = {}
-            node = node[k]
-        node[keys[-1]] = val
+    values = typed_config.apply_overrides(values, overrides, FinetuneConfigError)
     if overrides:
         source = f"{source or 'config'} (with --set {' '.join(overrides)})"
     return build_finetune_config(values, source)
-
-
-def _deep_copy(obj):
-    if isinstance(obj, dict):
-        return {k: _deep_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_deep_copy(v) for v in obj]
-    return obj

@@ -24,34 +24,28 @@ integral floats (``tokens: 3.0e11``). Fields that are "steps or fractions" (``sc
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
 import math
 import os
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
 import yaml
 
+from adaponder import typed_config
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 OFFLOAD = ("none", "cpu", "nvme")
 DECAYS = ("cosine", "linear", "constant")
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(typed_config.ConfigError):
     """Every problem of a training configuration, listed at once, naming the file and key paths."""
 
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = list(problems)
-        self.source = source
-        where = f" in {source}" if source else ""
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the training configuration{where}:\n{lines}")
+    what = "the training configuration"
 
 
 StepsOrFraction = Union[int, float]
@@ -303,125 +297,6 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
     return []
 
 
-# -- generic typed sections -------------------------------------------------------------------------------
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
-    if origin is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping"}.get(
-        tp, getattr(tp, "__name__", str(tp)))
-
-
-class _Bad(Exception):
-    pass
-
-
-def _coerce(value: Any, tp: Any) -> Any:
-    """``value`` as type ``tp`` or raise _Bad."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _Bad
-        non_none = [a for a in args if a is not type(None)]
-        if set(non_none) == {int, float}:  # steps (int) or fraction (float): keep which one it is
-            if isinstance(value, bool):
-                raise _Bad
-            if isinstance(value, (int, float)):
-                return value
-            if isinstance(value, str):
-                try:
-                    return int(value)
-                except ValueError:
-                    try:
-                        return float(value)
-                    except ValueError:
-                        raise _Bad from None
-            raise _Bad
-        for a in non_none:
-            try:
-                return _coerce(value, a)
-            except _Bad:
-                pass
-        raise _Bad
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise _Bad
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise _Bad
-        return [_coerce(v, item) for v in value]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Bad
-    if tp is int:
-        if isinstance(value, bool):
-            raise _Bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise _Bad from None
-        if isinstance(value, float) and math.isfinite(value) and value == int(value):
-            return int(value)
-        raise _Bad
-    if tp is float:
-        if isinstance(value, bool):
-            raise _Bad
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise _Bad from None
-        raise _Bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Bad
-    if tp is dict:
-        if isinstance(value, Mapping):
-            return dict(value)
-        raise _Bad
-    raise TypeError(f"unsupported config type {tp!r}")
-
-
-def _build_section(cls: type, raw: Any, name: str, problems: list[str]) -> Any:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        problems.append(f"{name}: must be a mapping, got {type(raw).__name__}")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in raw.items():
-        if key not in fields:
-            near = [f for f in fields if f.startswith(str(key)[:3])]
-            hint = f" (did you mean {', '.join(near)}?)" if near else f" (known: {', '.join(fields)})"
-            problems.append(f"{name}.{key}: unknown key{hint}")
-            continue
-        try:
-            values[key] = _coerce(value, hints[key])
-        except _Bad:
-            problems.append(f"{name}.{key}: must be {_type_name(hints[key])}, got {value!r}")
-    return cls(**values)
-
-
 # -- semantic checks -------------------------------------------------------------------------------------
 def _check_steps_or_fraction(value: int | float, key: str, problems: list[str]) -> None:
     if isinstance(value, float) and not 0.0 <= value <= 1.0:
@@ -520,32 +395,9 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
 
 
 # -- loading ----------------------------------------------------------------------------------------------
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
-        raise TrainConfigError([f"--set {item!r}: expected key.path=value"])
-    key, raw = item.split("=", 1)
-    path = [k for k in key.strip().split(".") if k]
-    if not path:
-        raise TrainConfigError([f"--set {item!r}: empty key"])
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    return path, value
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """``["optim.lr=3e-4", "train.steps=100"]`` applied to a raw (YAML) mapping."""
-    raw = copy.deepcopy(raw)
-    for item in overrides or []:
-        path, value = _parse_override(item)
-        node = raw
-        for k in path[:-1]:
-            if not isinstance(node.get(k), dict):
-                node[k] = {}
-            node = node[k]
-        node[path[-1]] = value
-    return raw
+    return typed_config.apply_overrides(raw, overrides, TrainConfigError)
 
 
 def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -> TrainConfig:
@@ -556,7 +408,7 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
     for key in raw:
         if key not in known:
             problems.append(f"{key}: unknown section (known: {', '.join(sorted(known))})")
-    sections = {name: _build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
+    sections = {name: typed_config.build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
     model = raw.get("model") or {}
     cfg = TrainConfig(model=dict(model) if isinstance(model, Mapping) else {}, source=source, **sections)
     problems += _model_problems(model, cfg.init.backbone is not None)
@@ -569,17 +421,7 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML file (or nothing: all defaults), apply ``--set`` overrides, validate everything."""
     source = str(path) if path is not None else "<defaults>"
-    raw: Any = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise TrainConfigError([f"config file {p} does not exist"], source)
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            raise TrainConfigError([f"not valid YAML: {err}"], source) from None
-        if not isinstance(raw, dict):
-            raise TrainConfigError([f"the file must hold a mapping of sections, got {type(raw).__name__}"], source)
+    raw: Any = typed_config.read_yaml(path, TrainConfigError) if path is not None else {}
     if overrides:
         source += " + --set " + " ".join(overrides)
     return config_from_dict(apply_overrides(raw, overrides), source)
