@@ -49,8 +49,9 @@ class AdaPonderConfig(GPTNeoXConfig):
         halting_threshold: τ of A6; a token halts after pass i when ``s^i < τ``.
         compact_inference: without gradients, passes after the first compute only still-active tokens
             (A16); results are identical, compute falls with the halted fraction.
-        ponder_chunk_size: tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4), so
-            the B×T×V probability tensor is never materialised at once (0 = no chunking).
+        ponder_chunk_size: most tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4)
+            and the loss (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25
+            probabilities, ~128 MiB in fp32).
     """
 
     model_type = "adaponder"
@@ -201,7 +202,7 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
         problems.append(f"'embedding_multiplier' (α of A1) must be > 0, got {mult}")
     chunk = v.get("ponder_chunk_size")
     if isinstance(chunk, int) and chunk < 0:
-        problems.append(f"'ponder_chunk_size' must be >= 0 (0 = no chunking), got {chunk}")
+        problems.append(f"'ponder_chunk_size' must be >= 0 (0 = the default block of 2**25 probabilities), got {chunk}")
     pct = v.get("rotary_pct")
     if pct is None and isinstance(v.get("rope_parameters"), Mapping):
         pct = v["rope_parameters"].get("partial_rotary_factor")

@@ -1,54 +1,124 @@
-"""The pondering embedding (A4) computed in chunks, without keeping a B×T×V tensor for backward.
+"""The pondering embedding (A4) and the LM loss (A10) over a 50k vocabulary, without keeping B×T×V tensors.
 
 ``e = α · softmax(h W_outᵀ) · W_E``. Done naively, autograd keeps the probabilities P (B×T×V) of every
 pondering pass until backward — at a 50k vocabulary that dominates training memory. Here the forward
-runs over chunks of rows and saves only ``h``; backward recomputes each chunk's probabilities. The price
-is one extra ``h W_outᵀ`` product per pondering pass in backward.
+runs over chunks of rows and saves only ``h`` and ``e``; backward recomputes each chunk's probabilities
+(one extra ``h W_outᵀ`` product per pondering pass — the price of bounded memory).
+
+The loss needs no recompute: it is the end of the graph, so its gradients w.r.t. ``h`` and ``W_out`` are
+formed chunk by chunk in the forward (while the chunk's probabilities exist) and only scaled in backward.
+
+Both are written for speed on the matmul library: balanced chunks, weight gradients accumulated inside
+the GEMM (``addmm_``), softmax backward in place, and ``P·(W_E g)`` reduced through the saved output
+(``Σ_v p_v (g·W_E[v]) = g·e/α``) instead of a second B×T×V pass.
 
 This file travels with saved checkpoints: torch only.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
 
+#: Default cap on the probabilities held at once (entries of one [rows, V] block): 2**25 fp32 = 128 MiB.
+DEFAULT_BLOCK = 1 << 25
 
-def _chunk_probs(h: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
-    logits = h @ w_out.t()
-    # softmax in at least fp32 (bf16 logits over 50k entries lose the tail mass)
-    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+_local = threading.local()
+
+
+def _buffer(slot: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reusable scratch block for [rows, V] intermediates. On CPU a fresh 100 MB tensor costs more in
+    page faults than the softmax over it, so one buffer per slot is kept per thread and reused across
+    chunks, passes and steps (at most a few DEFAULT_BLOCK-sized blocks). CUDA's caching allocator
+    already reuses memory, so there it is a plain allocation."""
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    cache = getattr(_local, "buffers", None)
+    if cache is None:
+        cache = _local.buffers = {}
+    numel = shape[0] * shape[1]
+    buf = cache.get((slot, dtype))
+    if buf is None or buf.numel() < numel:
+        buf = cache[(slot, dtype)] = torch.empty(numel, dtype=dtype)
+    return buf[:numel].view(shape)
+
+
+def _row_chunks(n: int, vocab: int, chunk: int) -> list[tuple[int, int]]:
+    """Row ranges of at most ``chunk`` rows (0: at most DEFAULT_BLOCK / V rows), sizes differing by ≤ 1."""
+    cap = chunk or max(1, DEFAULT_BLOCK // max(vocab, 1))
+    pieces = max(1, math.ceil(n / cap))
+    bounds = [i * (n // pieces) + min(i, n % pieces) for i in range(pieces + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor, slot: str) -> torch.Tensor:
+    """``h wᵀ`` in a scratch block, in at least fp32 (bf16 logits over 50k entries lose the tail mass)."""
+    z = torch.mm(h, w.t(), out=_buffer(slot, (h.shape[0], w.shape[0]), h.dtype, h.device))
+    return z if z.dtype == _wide(z.dtype) else z.to(_wide(z.dtype))
+
+
+def _probs(h: torch.Tensor, w_out: torch.Tensor, slot: str) -> torch.Tensor:
+    """``softmax(h W_outᵀ)`` (≥ fp32) in a scratch block."""
+    z = _logits(h, w_out, slot)
+    return torch.softmax(z, dim=-1, out=z)
+
+
+def _softmax_lse_(z: torch.Tensor) -> torch.Tensor:
+    """Turn ``z`` into ``softmax(z)`` in place; returns ``logsumexp(z)`` (no [rows, V] temporaries)."""
+    m = z.amax(dim=-1, keepdim=True)
+    total = z.sub_(m).exp_().sum(dim=-1, keepdim=True)
+    z.div_(total)
+    return (m + total.log()).squeeze(1)
+
+
+def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``acc + a @ b`` in ``acc``'s (fp32) precision; the first call allocates. Same dtypes: inside the GEMM."""
+    if acc is None:
+        return (a @ b).to(_wide(a.dtype))
+    if a.dtype == b.dtype == acc.dtype:
+        return acc.addmm_(a, b)
+    return acc.add_(a @ b)
 
 
 class _ChunkedPondering(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w_out, w_emb, alpha: float, chunk: int):
         out = torch.empty(h.shape[0], w_emb.shape[1], dtype=h.dtype, device=h.device)
-        for start in range(0, h.shape[0], chunk):
-            probs = _chunk_probs(h[start:start + chunk], w_out).to(w_emb.dtype)
-            out[start:start + chunk] = (probs @ w_emb) * alpha
-        ctx.save_for_backward(h, w_out, w_emb)
-        ctx.alpha, ctx.chunk = alpha, chunk
+        chunks = _row_chunks(h.shape[0], w_out.shape[0], chunk)
+        for s, e in chunks:
+            torch.mm(_probs(h[s:e], w_out, "z").to(w_emb.dtype), w_emb, out=out[s:e])
+        if alpha != 1.0:
+            out.mul_(alpha)
+        ctx.save_for_backward(h, w_out, w_emb, out)
+        ctx.alpha, ctx.chunks = alpha, chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, w_out, w_emb = ctx.saved_tensors
-        alpha, chunk = ctx.alpha, ctx.chunk
-        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w_out = torch.zeros_like(w_out, dtype=torch.promote_types(w_out.dtype, torch.float32)) if ctx.needs_input_grad[1] else None
-        grad_w_emb = torch.zeros_like(w_emb, dtype=torch.promote_types(w_emb.dtype, torch.float32)) if ctx.needs_input_grad[2] else None
-        for start in range(0, h.shape[0], chunk):
-            hc, g = h[start:start + chunk], grad_out[start:start + chunk] * alpha
-            probs = _chunk_probs(hc, w_out)  # recomputed: P is never stored
-            if grad_w_emb is not None:
-                grad_w_emb += (probs.to(g.dtype).t() @ g).to(grad_w_emb.dtype)
-            d_probs = (g @ w_emb.t()).to(probs.dtype)
-            d_logits = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True))  # softmax backward
-            d_logits = d_logits.to(h.dtype)
-            if grad_h is not None:
-                grad_h[start:start + chunk] = d_logits @ w_out
-            if grad_w_out is not None:
-                grad_w_out += (d_logits.t() @ hc).to(grad_w_out.dtype)
+        h, w_out, w_emb, out = ctx.saved_tensors
+        alpha = ctx.alpha
+        need_h, need_w_out, need_w_emb = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w_out = grad_w_emb = None
+        for s, e in ctx.chunks:
+            hc, g = h[s:e], (grad_out[s:e] * alpha).to(w_emb.dtype)
+            probs = _probs(hc, w_out, "z")  # recomputed: P is never stored
+            if need_w_emb:
+                grad_w_emb = _accumulate(grad_w_emb, probs.to(w_emb.dtype).t(), g)
+            # softmax backward, in place: dz = P ⊙ (g W_Eᵀ − g·e/α), using Σ_v p_v (g·W_E[v]) = g·e/α
+            d = _logits(g, w_emb, "d")
+            row_dot = (g.to(d.dtype) * out[s:e].to(d.dtype)).sum(-1, keepdim=True) / alpha
+            d = d.sub_(row_dot).mul_(probs).to(h.dtype)
+            if need_h:
+                torch.mm(d, w_out, out=grad_h[s:e])
+            if need_w_out:
+                grad_w_out = _accumulate(grad_w_out, d.t(), hc)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
         return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None
 
@@ -57,58 +127,73 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
                           chunk: int = 0) -> torch.Tensor:
     """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
 
-    ``chunk`` rows at a time (0 = a default that bounds the probability block to ~16 M entries). With
-    gradients, probabilities are recomputed in backward instead of stored.
+    At most ``chunk`` rows at a time (0 = a default that bounds the probability block to 2**25 entries).
+    With gradients, probabilities are recomputed in backward instead of stored.
     """
-    n, vocab = h.shape[0], w_out.shape[0]
-    chunk = chunk or max(1, min(n, (1 << 24) // max(vocab, 1)))
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk)
-    parts = [(_chunk_probs(h[s:s + chunk], w_out).to(w_emb.dtype) @ w_emb) for s in range(0, n, chunk)]
-    e = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return e * alpha if alpha != 1.0 else e
+    out = torch.empty(h.shape[0], w_emb.shape[1], dtype=torch.promote_types(h.dtype, w_emb.dtype), device=h.device)
+    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+        torch.mm(_probs(h[s:e], w_out, "z").to(out.dtype), w_emb.to(out.dtype), out=out[s:e])
+    return out.mul_(alpha) if alpha != 1.0 else out
 
 
-class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Mean CE of ``h W_outᵀ`` against ``targets`` (-100 ignored), chunked, logits recomputed in backward."""
+def _ce_chunk(z: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed CE of logits ``z`` (turned into probabilities in place) and the mask of counted rows."""
+    ok = tgt != -100
+    picked = z.gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
+    lse = _softmax_lse_(z)
+    return ((lse - picked) * ok).sum().double(), ok
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Mean CE of ``h W_outᵀ`` against ``targets`` (-100 ignored), chunked; gradients formed in forward."""
 
     @staticmethod
-    def forward(ctx, h, w_out, targets, chunk: int):
+    def forward(ctx, h, w_out, targets, chunk: int, need_h: bool, need_w: bool):
         n_valid = (targets != -100).sum().clamp(min=1)  # a tensor: no host sync, no graph break
         total = torch.zeros((), dtype=torch.float64, device=h.device)
-        for start in range(0, h.shape[0], chunk):
-            logits = h[start:start + chunk] @ w_out.t()
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            tgt = targets[start:start + chunk]
-            ok = tgt != -100
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, tgt.clamp(min=0)[:, None]).squeeze(1)
-            total += ((lse - picked) * ok).sum().double()
-        ctx.save_for_backward(h, w_out, targets)
-        ctx.chunk, ctx.n_valid = chunk, n_valid
-        return (total / n_valid).to(torch.promote_types(h.dtype, torch.float32))
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = None
+        for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+            hc, tgt = h[s:e], targets[s:e]
+            probs = _logits(hc, w_out, "z")
+            part, ok = _ce_chunk(probs, tgt)
+            total += part
+            # d(sum of CE)/dz = softmax(z) − onehot, zero on ignored rows; in place over the probabilities
+            probs[torch.arange(e - s, device=h.device), tgt.clamp(min=0)] -= 1.0
+            d = probs.mul_(ok[:, None]).to(h.dtype)
+            if need_h:
+                torch.mm(d, w_out, out=grad_h[s:e])
+            if need_w:
+                grad_w = _accumulate(grad_w, d.t(), hc)
+        ctx.grads = (grad_h, grad_w)
+        ctx.n_valid = n_valid
+        ctx.dtypes = (h.dtype, w_out.dtype)
+        return (total / n_valid).to(_wide(h.dtype))
 
     @staticmethod
     def backward(ctx, grad):
-        h, w_out, targets = ctx.saved_tensors
-        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(w_out, dtype=torch.promote_types(w_out.dtype, torch.float32)) \
-            if ctx.needs_input_grad[1] else None
+        grad_h, grad_w = ctx.grads
+        ctx.grads = None
         scale = grad / ctx.n_valid
-        for start in range(0, h.shape[0], ctx.chunk):
-            hc, tgt = h[start:start + ctx.chunk], targets[start:start + ctx.chunk]
-            probs = _chunk_probs(hc, w_out)
-            ok = (tgt != -100)
-            probs[torch.arange(len(tgt), device=h.device), tgt.clamp(min=0)] -= 1.0
-            d_logits = (probs * (ok[:, None] * scale).to(probs.dtype)).to(h.dtype)
-            if grad_h is not None:
-                grad_h[start:start + ctx.chunk] = d_logits @ w_out
-            if grad_w is not None:
-                grad_w += (d_logits.t() @ hc).to(grad_w.dtype)
-        return grad_h, None if grad_w is None else grad_w.to(w_out.dtype), None, None
+        grad_h = None if grad_h is None else (grad_h * scale).to(ctx.dtypes[0])
+        grad_w = None if grad_w is None else (grad_w * scale).to(ctx.dtypes[1])
+        return grad_h, grad_w, None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-    """A10 without materialising the ``[N, V]`` logits: mean CE of ``h W_outᵀ`` over targets ≠ -100."""
-    chunk = chunk or max(1, min(h.shape[0], (1 << 24) // max(w_out.shape[0], 1)))
-    return _ChunkedLinearCrossEntropy.apply(h, w_out, targets, chunk)
+    """A10 without materialising the ``[N, V]`` logits: mean CE of ``h W_outᵀ`` over targets ≠ -100.
+
+    With gradients enabled, the gradients are computed in this forward call (and held until backward:
+    ``[N, d]`` and ``[V, d]``), which saves recomputing the logits; backward only scales them.
+    """
+    need_h = torch.is_grad_enabled() and h.requires_grad
+    need_w = torch.is_grad_enabled() and w_out.requires_grad
+    if need_h or need_w:
+        return _LinearCrossEntropy.apply(h, w_out, targets, chunk, need_h, need_w)
+    n_valid = (targets != -100).sum().clamp(min=1)
+    total = torch.zeros((), dtype=torch.float64, device=h.device)
+    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+        total += _ce_chunk(_logits(h[s:e], w_out, "z"), targets[s:e])[0]
+    return (total / n_valid).to(_wide(h.dtype))
