@@ -6,15 +6,16 @@ import torch
 from adaponder.modeling.pondering import pondering_from_hidden
 
 
+@pytest.mark.parametrize("recompute", [True, False])
 @pytest.mark.parametrize("chunk", [0, 1, 5, 64])
 @pytest.mark.parametrize("tied", [False, True])
-def test_chunked_pondering_matches_naive_autograd(chunk, tied):
+def test_chunked_pondering_matches_naive_autograd(chunk, tied, recompute):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(13, 8, dtype=torch.float64, generator=g, requires_grad=True)
     w_out = torch.randn(31, 8, dtype=torch.float64, generator=g, requires_grad=True)
     w_emb = w_out if tied else torch.randn(31, 8, dtype=torch.float64, generator=g, requires_grad=True)
     up = torch.randn(13, 8, dtype=torch.float64, generator=g)
-    ours = pondering_from_hidden(h, w_out, w_emb, alpha=2.5, chunk=chunk)
+    ours = pondering_from_hidden(h, w_out, w_emb, alpha=2.5, chunk=chunk, recompute=recompute)
     grads = torch.autograd.grad((ours * up).sum(), [h, w_out] + ([] if tied else [w_emb]))
     naive = 2.5 * torch.softmax(h @ w_out.t(), -1) @ w_emb
     ref = torch.autograd.grad((naive * up).sum(), [h, w_out] + ([] if tied else [w_emb]))
@@ -37,6 +38,10 @@ def test_chunked_pondering_keeps_no_vocab_sized_tensor():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         pondering_from_hidden(h, w_out, w_emb, alpha=1.0, chunk=16).sum().backward()
     assert max(saved) <= v * d < n * v
+    saved.clear()  # ponder_recompute=False: the probabilities are what is kept, n·v in all
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pondering_from_hidden(h, w_out, w_emb, alpha=1.0, chunk=16, recompute=False).sum().backward()
+    assert sum(s for s in saved if s == 16 * v) == n * v
 
 
 def test_chunked_cross_entropy_matches_full_logits():

@@ -52,6 +52,9 @@ class AdaPonderConfig(GPTNeoXConfig):
         ponder_chunk_size: most tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4)
             and the loss (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25
             probabilities, ~128 MiB in fp32).
+        ponder_recompute: in training, recompute each pondering pass's probabilities in backward (default:
+            memory does not grow with B×T×V per pass) or keep them (``false``: one ``h W_outᵀ`` product per
+            pondering pass less — faster when the B×T×V fp32 probabilities of K−1 passes fit in memory).
     """
 
     model_type = "adaponder"
@@ -66,6 +69,7 @@ class AdaPonderConfig(GPTNeoXConfig):
     halting_threshold: float = 1e-4
     compact_inference: bool = True
     ponder_chunk_size: int = 0
+    ponder_recompute: bool = True
 
     def __post_init__(self, **kwargs):
         if self.passes is None:
@@ -154,7 +158,8 @@ def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
                "max_position_embeddings", "gate_hidden_mult", "ponder_chunk_size", "passes"}
     floats = {"halting_threshold", "input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
-    bools = {"use_parallel_residual", "tie_word_embeddings", "compact_inference", "attention_bias", "use_cache"}
+    bools = {"use_parallel_residual", "tie_word_embeddings", "compact_inference", "attention_bias", "use_cache",
+             "ponder_recompute"}
     problems = []
     for key, val in values.items():
         if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):

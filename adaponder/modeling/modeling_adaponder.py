@@ -488,7 +488,8 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
     def ponder_from_hidden(self, h_flat: torch.Tensor) -> torch.Tensor:
         """A4 from final-LN hidden states ``[N, d]``, chunked, never storing ``[N, V]`` for backward."""
         return pondering_from_hidden(h_flat, self.lm_head.weight, self.gpt_neox.embed_in.weight,
-                                     self.config.embedding_scale, self.config.ponder_chunk_size)
+                                     self.config.embedding_scale, self.config.ponder_chunk_size,
+                                     recompute=self.config.ponder_recompute)
 
     @staticmethod
     def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:

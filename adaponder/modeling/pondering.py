@@ -3,7 +3,8 @@
 ``e = α · softmax(h W_outᵀ) · W_E``. Done naively, autograd keeps the probabilities P (B×T×V) of every
 pondering pass until backward — at a 50k vocabulary that dominates training memory. Here the forward
 runs over chunks of rows and saves only ``h`` and ``e``; backward recomputes each chunk's probabilities
-(one extra ``h W_outᵀ`` product per pondering pass — the price of bounded memory).
+(one extra ``h W_outᵀ`` product per pondering pass — the price of bounded memory; ``ponder_recompute:
+false`` keeps them instead when memory allows).
 
 The loss needs no recompute: it is the end of the graph, so its gradients w.r.t. ``h`` and ``W_out`` are
 formed chunk by chunk in the forward (while the chunk's probabilities exist) and only scaled in backward.
@@ -57,10 +58,15 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype, slot: str) -> torch.Tensor:
+    """``t`` as ``dtype``, in the scratch block ``slot`` when a conversion is needed."""
+    return t if t.dtype == dtype else _buffer(slot, tuple(t.shape), dtype, t.device).copy_(t)
+
+
 def _logits(h: torch.Tensor, w: torch.Tensor, slot: str) -> torch.Tensor:
     """``h wᵀ`` in a scratch block, in at least fp32 (bf16 logits over 50k entries lose the tail mass)."""
     z = torch.mm(h, w.t(), out=_buffer(slot, (h.shape[0], w.shape[0]), h.dtype, h.device))
-    return z if z.dtype == _wide(z.dtype) else z.to(_wide(z.dtype))
+    return _cast(z, _wide(z.dtype), slot)
 
 
 def _probs(h: torch.Tensor, w_out: torch.Tensor, slot: str) -> torch.Tensor:
@@ -88,53 +94,59 @@ def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> t
 
 class _ChunkedPondering(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, w_out, w_emb, alpha: float, chunk: int):
+    def forward(ctx, h, w_out, w_emb, alpha: float, chunk: int, recompute: bool):
         out = torch.empty(h.shape[0], w_emb.shape[1], dtype=h.dtype, device=h.device)
         chunks = _row_chunks(h.shape[0], w_out.shape[0], chunk)
+        kept = []
         for s, e in chunks:
-            torch.mm(_probs(h[s:e], w_out, "z").to(w_emb.dtype), w_emb, out=out[s:e])
+            probs = _probs(h[s:e], w_out, "z")
+            if not recompute:  # keep P (a fresh tensor: the scratch block is reused)
+                probs = probs.clone()
+                kept.append(probs)
+            torch.mm(_cast(probs, w_emb.dtype, "z"), w_emb, out=out[s:e])
         if alpha != 1.0:
             out.mul_(alpha)
-        ctx.save_for_backward(h, w_out, w_emb, out)
+        ctx.save_for_backward(h, w_out, w_emb, out, *kept)
         ctx.alpha, ctx.chunks = alpha, chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        h, w_out, w_emb, out = ctx.saved_tensors
+        h, w_out, w_emb, out, *kept = ctx.saved_tensors
         alpha = ctx.alpha
         need_h, need_w_out, need_w_emb = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w_out = grad_w_emb = None
-        for s, e in ctx.chunks:
+        for i, (s, e) in enumerate(ctx.chunks):
             hc, g = h[s:e], (grad_out[s:e] * alpha).to(w_emb.dtype)
-            probs = _probs(hc, w_out, "z")  # recomputed: P is never stored
-            if need_w_emb:
-                grad_w_emb = _accumulate(grad_w_emb, probs.to(w_emb.dtype).t(), g)
+            probs = kept[i] if kept else _probs(hc, w_out, "z")  # recomputed unless kept
+            if need_w_emb:  # (the low-precision copy may reuse block "z": the logits are no longer needed)
+                grad_w_emb = _accumulate(grad_w_emb, _cast(probs, w_emb.dtype, "z").t(), g)
             # softmax backward, in place: dz = P ⊙ (g W_Eᵀ − g·e/α), using Σ_v p_v (g·W_E[v]) = g·e/α
             d = _logits(g, w_emb, "d")
             row_dot = (g.to(d.dtype) * out[s:e].to(d.dtype)).sum(-1, keepdim=True) / alpha
-            d = d.sub_(row_dot).mul_(probs).to(h.dtype)
+            d = _cast(d.sub_(row_dot).mul_(probs), h.dtype, "d")
             if need_h:
                 torch.mm(d, w_out, out=grad_h[s:e])
             if need_w_out:
                 grad_w_out = _accumulate(grad_w_out, d.t(), hc)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
-        return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None
+        return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None, None
 
 
 def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Tensor, alpha: float,
-                          chunk: int = 0) -> torch.Tensor:
+                          chunk: int = 0, recompute: bool = True) -> torch.Tensor:
     """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
 
     At most ``chunk`` rows at a time (0 = a default that bounds the probability block to 2**25 entries).
-    With gradients, probabilities are recomputed in backward instead of stored.
+    With gradients, probabilities are recomputed in backward (``recompute``, memory O(N·d + V·d)) or kept
+    (one product less per call, N·V fp32 held until backward).
     """
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
-        return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk)
+        return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk, bool(recompute))
     out = torch.empty(h.shape[0], w_emb.shape[1], dtype=torch.promote_types(h.dtype, w_emb.dtype), device=h.device)
     for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
-        torch.mm(_probs(h[s:e], w_out, "z").to(out.dtype), w_emb.to(out.dtype), out=out[s:e])
+        torch.mm(_cast(_probs(h[s:e], w_out, "z"), out.dtype, "z"), w_emb.to(out.dtype), out=out[s:e])
     return out.mul_(alpha) if alpha != 1.0 else out
 
 
@@ -162,7 +174,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total += part
             # d(sum of CE)/dz = softmax(z) − onehot, zero on ignored rows; in place over the probabilities
             probs[torch.arange(e - s, device=h.device), tgt.clamp(min=0)] -= 1.0
-            d = probs.mul_(ok[:, None]).to(h.dtype)
+            d = _cast(probs.mul_(ok[:, None]), h.dtype, "z")
             if need_h:
                 torch.mm(d, w_out, out=grad_h[s:e])
             if need_w:
