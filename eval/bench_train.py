@@ -11,12 +11,14 @@ time, tokens/s and peak memory of a full training step (forward, backward, AdamW
   ponderlm-keep  ``ponderlm`` with ``ponder_recompute=False`` (probabilities kept for backward instead of
               recomputed: one head-sized product less per pondering pass, B×T×V memory per pass);
 
-plus the matmul peak FLOP/s of this machine measured in the same run, and prints ratios. Every
-configuration runs in its own subprocess, so peak memory is that process's high-water mark (RSS)
-above the model + optimizer state, which is the same for all variants.
+plus the matmul peak FLOP/s of this machine measured in the same run (before and after; the higher is
+the MFU denominator), and prints ratios. For speed, all variants of a (dtype, batch) live in one process
+and their steps are interleaved, so a shared machine's load changes hit every variant alike; the median
+step after one warm-up round is reported. For memory, each variant runs alone in its own process, so the
+peak is that process's high-water mark (RSS, or CUDA's max allocated) above the model + optimizer state.
 
-    python eval/bench_train.py                          # the acceptance run (~15 min on 2 cores)
-    python eval/bench_train.py --batches 1 --steps 2    # quick look
+    python eval/bench_train.py                          # the acceptance run (~25 min on 2 cores)
+    python eval/bench_train.py --batches 1 --steps 1 --memory-batch 0   # quick look
     python eval/bench_train.py --compile                # adds torch.compile variants
 """
 
@@ -117,44 +119,75 @@ def build(variant: str, size: str, dtype: torch.dtype):
     return model, loss_fn, model
 
 
+class _Setup:
+    """One variant ready to train: model, optimizer (state materialised), a fixed batch, FLOPs per step."""
+
+    def __init__(self, variant: str, size: str, dtype_name: str, batch: int, seq: int, compile_: bool, device: str):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+        self.variant, self.dtype_name, self.batch, self.seq, self.device = variant, dtype_name, batch, seq, device
+        self.model, loss_fn, flops_model = build(variant, size, dtype)
+        self.model.to(device).train()
+        self.loss_fn = torch.compile(loss_fn) if compile_ else loss_fn
+        self.name = variant + ("+compile" if compile_ else "")
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
+        for p in self.model.parameters():  # materialise grads and Adam state before measuring
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        g = torch.Generator().manual_seed(1)
+        x = torch.randint(0, self.model.config.vocab_size, (batch, seq + 1), generator=g).to(device)
+        self.inp, self.tgt = x[:, :-1], x[:, 1:]
+        self.flops = flops_model.flops_per_token(None, context=seq, training=True)["total"] * batch * seq
+        self.times: list[float] = []
+        self.loss = float("nan")
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        loss = self.loss_fn(self.inp, self.tgt)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        sync(self.device)
+        self.times.append(time.perf_counter() - t0)
+        self.loss = float(loss.detach())
+        return self.times[-1]
+
+    def result(self, peak_bytes: float | None = None) -> dict:
+        step = statistics.median(self.times[1:])  # the first step is a warm-up
+        return {"variant": self.name, "dtype": self.dtype_name, "batch": self.batch, "seq": self.seq,
+                "step_s": step, "step_times": self.times, "tokens_s": self.batch * self.seq / step,
+                "flops_s": self.flops / step, "peak_mem_gb": None if peak_bytes is None else max(peak_bytes, 0) / 1e9,
+                "loss": self.loss}
+
+
 def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps: int, compile_: bool,
            device: str = "cpu") -> dict:
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    model, loss_fn, flops_model = build(variant, size, dtype)
-    model.to(device).train()
-    if compile_:
-        loss_fn = torch.compile(loss_fn)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
-    for p in model.parameters():  # materialise grads and Adam state before measuring
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    g = torch.Generator().manual_seed(1)
-    vocab = model.config.vocab_size
-    x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
-    inp, tgt = x[:, :-1], x[:, 1:]
+    """One variant alone in this process: its step time and peak memory (the process's high-water mark)."""
+    setup = _Setup(variant, size, dtype_name, batch, seq, compile_, device)
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else rss_bytes()
-    times = []
-    for _ in range(steps + 1):  # the first step is a warm-up
-        t0 = time.perf_counter()
-        loss = loss_fn(inp, tgt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        sync(device)
-        times.append(time.perf_counter() - t0)
+    for _ in range(steps + 1):
+        setup.step()
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    step = statistics.median(times[1:])
-    flops = flops_model.flops_per_token(None, context=seq, training=True)["total"] * batch * seq
-    return {"variant": variant + ("+compile" if compile_ else ""), "dtype": dtype_name, "batch": batch,
-            "seq": seq, "step_s": step, "tokens_s": batch * seq / step, "flops_s": flops / step,
-            "peak_mem_gb": max(peak, 0) / 1e9, "loss": float(loss)}
+    return setup.result(peak)
+
+
+def group_worker(variants: list[str], size: str, dtype_name: str, batch: int, seq: int, steps: int,
+                 compile_: bool, device: str = "cpu") -> list[dict]:
+    """Several variants in one process, their steps interleaved (round r starts at variant r mod n), so a
+    shared machine's slow and fast moments fall on every variant alike: the speed ratios compare like
+    with like. (Peak memory needs one process per variant: :func:`worker`.)"""
+    setups = [_Setup(v, size, dtype_name, batch, seq, compile_ and v not in ("naive", "hf-1pass"), device)
+              for v in variants]
+    for r in range(steps + 1):
+        for i in range(len(setups)):
+            setups[(r + i) % len(setups)].step()
+    return [s.result() for s in setups]
 
 
 def run_one(args, variant, dtype, batch, compile_=False) -> dict | None:
@@ -171,6 +204,20 @@ def run_one(args, variant, dtype, batch, compile_=False) -> dict | None:
     return out
 
 
+def run_group(args, variants, dtype, batch) -> list[dict]:
+    cmd = [sys.executable, __file__, "--group", ",".join(variants), "--size", args.size, "--dtype", dtype,
+           "--batch", str(batch), "--seq", str(args.seq), "--steps", str(args.steps), "--device", args.device]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"  {variants} {dtype} b={batch}: FAILED\n{res.stderr[-2000:]}", file=sys.stderr)
+        return []
+    outs = json.loads(res.stdout.strip().splitlines()[-1])
+    for out in outs:
+        print(f"  {out['variant']:<18} {dtype} batch {batch}: {out['step_s']:.2f} s/step, {out['tokens_s']:.0f} tok/s"
+              f"  (steps {', '.join(f'{t:.2f}' for t in out['step_times'][1:])})", flush=True)
+    return outs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="70m")
@@ -178,15 +225,20 @@ def main(argv=None):
     ap.add_argument("--batches", default="1,4", help="batch sizes for the speed comparison")
     ap.add_argument("--memory-batch", type=int, default=8, help="batch for the memory comparison (0 = skip)")
     ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="measured steps (rounds) after one warm-up")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd adaponder/ponderlm steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--variants", default="naive,hf-1pass,ponderlm,adaponder,ponderlm-keep")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--group", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.group:
+        print(json.dumps(group_worker(args.group.split(","), args.size, args.dtype, args.batch, args.seq, args.steps,
+                                      args.compile, args.device)))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.steps, args.compile,
                                 args.device)))
@@ -200,8 +252,7 @@ def main(argv=None):
     results = []
     for dtype in args.dtypes.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
-            for variant in args.variants.split(","):
-                results.append(run_one(args, variant, dtype, batch))
+            results += run_group(args, args.variants.split(","), dtype, batch)
             if args.compile:
                 for variant in ("ponderlm", "adaponder"):
                     results.append(run_one(args, variant, dtype, batch, compile_=True))
