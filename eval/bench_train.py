@@ -8,8 +8,9 @@ time, tokens/s and peak memory of a full training step (forward, backward, AdamW
   hf-1pass    plain HF GPT-NeoX, one pass (the MFU reference);
   ponderlm    ``AdaPonderForCausalLM`` in ``ponderlm`` mode;
   adaponder   ``AdaPonderForCausalLM`` in ``adaponder`` mode (gates open, λ·ponder loss included);
-  ponderlm-keep  ``ponderlm`` with ``ponder_recompute=False`` (probabilities kept for backward instead of
-              recomputed: one head-sized product less per pondering pass, B×T×V memory per pass);
+  ponderlm-keep, adaponder-keep  the same with ``ponder_recompute=False`` (probabilities kept for backward
+              instead of recomputed, as the naive code does: one head-sized product less per pondering
+              pass, B×T×V memory per pass);
 
 plus the matmul peak FLOP/s of this machine measured in the same run (before and after; the higher is
 the MFU denominator), and prints ratios. For speed, all variants of a (dtype, batch) live in one process
@@ -228,7 +229,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=3, help="measured steps (rounds) after one warm-up")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd adaponder/ponderlm steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--variants", default="naive,hf-1pass,ponderlm,adaponder,ponderlm-keep")
+    ap.add_argument("--variants", default="naive,hf-1pass,ponderlm,adaponder,ponderlm-keep,adaponder-keep")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)
@@ -269,20 +270,20 @@ def main(argv=None):
 
     print("\n== speed (step time ratios; targets: adaponder ≤ 1.10 × ponderlm, ponderlm ≤ 1.00 × naive) ==")
     print(f"{'dtype':<5} {'batch':>5} | {'naive s':>8} {'ponderlm s':>10} {'adaponder s':>11} | "
-          f"{'ponderlm/naive':>14} {'adaponder/ponderlm':>18} {'keep/naive':>10} | {'MFU hf-1pass':>12} "
-          f"{'MFU adaponder':>13}")
+          f"{'ponderlm/naive':>14} {'adaponder/ponderlm':>18} | {'keep: ponderlm/naive':>20} "
+          f"{'adaponder/ponderlm':>18} | {'MFU hf-1pass':>12} {'MFU adaponder':>13}")
     by = {(r["variant"], r["dtype"], r["batch"]): r for r in results}
     for dtype in args.dtypes.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
-            n, p, a, h, k = (by.get((v, dtype, batch))
-                             for v in ("naive", "ponderlm", "adaponder", "hf-1pass", "ponderlm-keep"))
+            n, p, a, h, k, ak = (by.get((v, dtype, batch)) for v in ("naive", "ponderlm", "adaponder", "hf-1pass",
+                                                                     "ponderlm-keep", "adaponder-keep"))
             if not a:
                 continue
             ratio = lambda x, y: f"{x['step_s'] / y['step_s']:.3f}" if x and y else "-"  # noqa: E731
             secs = lambda x: f"{x['step_s']:.2f}" if x else "-"  # noqa: E731
             mfu_h = f"{h['flops_s'] / peaks[dtype]:.1%}" if h else "-"
             print(f"{dtype:<5} {batch:>5} | {secs(n):>8} {secs(p):>10} {secs(a):>11} | "
-                  f"{ratio(p, n):>14} {ratio(a, p):>18} {ratio(k, n):>10} | {mfu_h:>12} "
+                  f"{ratio(p, n):>14} {ratio(a, p):>18} | {ratio(k, n):>20} {ratio(ak, k):>18} | {mfu_h:>12} "
                   f"{a['flops_s'] / peaks[dtype]:>13.1%}")
             for v in ("ponderlm", "adaponder"):
                 c = by.get((v + "+compile", dtype, batch))
