@@ -179,12 +179,11 @@ def worker(variant: str, size: str, dtype_name: str, batch: int, seq: int, steps
 
 
 def group_worker(variants: list[str], size: str, dtype_name: str, batch: int, seq: int, steps: int,
-                 compile_: bool, device: str = "cpu") -> list[dict]:
+                 device: str = "cpu") -> list[dict]:
     """Several variants in one process, their steps interleaved (round r starts at variant r mod n), so a
     shared machine's slow and fast moments fall on every variant alike: the speed ratios compare like
     with like. (Peak memory needs one process per variant: :func:`worker`.)"""
-    setups = [_Setup(v, size, dtype_name, batch, seq, compile_ and v not in ("naive", "hf-1pass"), device)
-              for v in variants]
+    setups = [_Setup(v, size, dtype_name, batch, seq, False, device) for v in variants]
     for r in range(steps + 1):
         for i in range(len(setups)):
             setups[(r + i) % len(setups)].step()
@@ -238,7 +237,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.group:
         print(json.dumps(group_worker(args.group.split(","), args.size, args.dtype, args.batch, args.seq, args.steps,
-                                      args.compile, args.device)))
+                                      args.device)))
         return
     if args.worker:
         print(json.dumps(worker(args.worker, args.size, args.dtype, args.batch, args.seq, args.steps, args.compile,

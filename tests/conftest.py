@@ -34,3 +34,13 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run as fast on one thread, and one thread does not stall when the CPU is shared
+    (two OpenMP threads wait on each other whenever one is descheduled)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -27,14 +27,7 @@ SMOKE = ["model.core_mode=loop", "model.random_shape={hidden_size: 64, num_hidde
          "timing.batch_sizes=[1, 8]", "train.threads=1", "timing.threads=1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run as fast on one thread, and one thread does not stall when the CPU is shared
-    (two OpenMP threads wait on each other whenever one is descheduled)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
 
 def launcher_main():

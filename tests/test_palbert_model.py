@@ -25,14 +25,7 @@ SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, interme
              max_position_embeddings=128, rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run as fast on one thread, and one thread does not stall when the CPU is shared
-    (two OpenMP threads wait on each other whenever one is descheduled)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
 
 
 def make(method="palbert", mode="ponderlm", passes=4, num_labels=3, seed=0, spread=True, **kw):

@@ -156,8 +156,9 @@ class FinetuneConfig:
 
 
 _SECTIONS = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
-_SECTION_TYPES = {"model": ModelSection, "loss": LossSection, "data": DataSection, "train": TrainSection,
-                  "eval": EvalSection, "timing": TimingSection}
+# The dataclass-typed fields (model, loss, ...); task/init/deepspeed are plain values.
+_SECTION_TYPES = {name: tp for name, tp in typing.get_type_hints(FinetuneConfig).items()
+                  if dataclasses.is_dataclass(tp)}
 
 
 # ------------------------------------------------------------------------------------------- validation
@@ -238,7 +239,7 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
     kwargs: dict[str, Any] = {name: typed_config.build_section(cls, values.get(name), name, problems, bad)
                               for name, cls in _SECTION_TYPES.items()}
     hints = typing.get_type_hints(FinetuneConfig)
-    for key in ("task", "init", "deepspeed"):
+    for key in (k for k in _SECTIONS if k not in _SECTION_TYPES):
         if key in values:
             try:
                 kwargs[key] = typed_config.coerce(values[key], hints[key])
