@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fine-tune the recurrent core on a GLUE task in PALBERT mode (ALGORITHMS.md (b)) and evaluate every exit rule.
+"""Fine-tune the recurrent core on a GLUE task in PALBERT mode (docs/method.md (b)) and evaluate every exit rule.
 
 Single process::
 

@@ -1,6 +1,6 @@
 """The recurrent core (issue 2): parity with HF GPT-NeoX, PonderLM reference, gates, loop, losses.
 
-Equations: ../shared/docs/ALGORITHMS.md (a), A1–A12.
+Equations: docs/method.md (part a), A1–A12.
 """
 
 import math

@@ -1,6 +1,6 @@
 """PALBERT mode (issue 7), model level: AdaPonderForSequenceClassification on the recurrent core.
 
-ALGORITHMS.md (b): pooling (B1), shared head (B2), Lambda layer (B3), exit distribution and loss (B4–B7),
+docs/method.md (b): pooling (B1), shared head (B2), Lambda layer (B3), exit distribution and loss (B4–B7),
 exit rules with passes after the exit never computed (B9). The math of pondernet.py is covered by
 test_palbert_math.py; here the model: pooling, online == offline, backbone rows actually computed,
 training, regression, save/load, configuration errors.

@@ -47,6 +47,7 @@ DEFAULT_SHARD_TOKENS = 1 << 30  # 2 GiB per uint16 shard
 _BATCH_CHARS = 1 << 18  # documents per task: ~256K characters (a long book is one task of its own)
 _BATCH_DOCS = 2048
 _COPY_TOKENS = 1 << 24
+TOKENIZER_FILE = "tokenizer.json"  # a trained tokenizer, saved next to the shards
 
 # -- tokenization (runs in worker processes, or in-process for num_workers=1) -------------------------------
 _WORKER: dict[str, Any] = {}
@@ -233,6 +234,26 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         tmp.rename(out)
 
 
+def _train_tokenizer(sources: Sequence[Source], text_field: str, errors: str, val_fraction: float, seed: int,
+                     vocab_size: int, folder: Path) -> Tokenizer:
+    """Train BPE on the documents that will form the train split (the split depends only on the document
+    count and ``seed``, so it is known before tokenization) and load it from ``folder/tokenizer.json``."""
+    from .bpe import train_bpe
+    from .tokenizer import load_tokenizer
+
+    def documents() -> Iterator[str]:
+        for src in sources:
+            yield from iter_documents(src, text_field, errors, SourceStats())
+
+    n_docs = sum(1 for _ in documents())
+    is_val = _choose_val_docs(n_docs, val_fraction, seed)
+    train_docs = (text for text, val in zip(documents(), is_val) if not val)
+    path = train_bpe(train_docs, vocab_size, folder / TOKENIZER_FILE, num_texts=int((~is_val).sum()))
+    tok = load_tokenizer(path)
+    tok.name = f"byte-level BPE, {tok.vocab_size} entries, trained on the train split"
+    return tok
+
+
 # -- public entry point ---------------------------------------------------------------------------------
 def prepare(
     inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
@@ -247,6 +268,7 @@ def prepare(
     *,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     overwrite: bool = False,
+    train_tokenizer: int | None = None,
 ) -> dict[str, Any]:
     """Tokenize ``inputs`` into ``output_dir`` and return its metadata (also written to ``meta.json``).
 
@@ -264,6 +286,9 @@ def prepare(
         progress: show a tqdm progress bar (tokens, tokens/s) on stderr.
         shard_tokens: maximum tokens per shard file.
         overwrite: replace an existing prepared directory.
+        train_tokenizer: train a byte-level BPE tokenizer with this many entries on the *training*
+            documents only (the validation documents are chosen first, as below) and use it; it is saved as
+            ``tokenizer.json`` in ``output_dir``, where the trainer and the export pick it up.
 
     Raises:
         DataError: with a message naming the offending input (see :mod:`adaponder.data.errors`).
@@ -276,17 +301,22 @@ def prepare(
         raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
     if num_workers <= 0:
         num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if train_tokenizer is not None and tokenizer is not None:
+        raise ValueError("give either a tokenizer or train_tokenizer (a vocabulary size), not both")
     t_start = time.perf_counter()
-    tok = as_tokenizer(tokenizer)
     sources = resolve_inputs(inputs if not isinstance(inputs, (str, os.PathLike)) else [inputs])
     out = Path(output_dir).expanduser().resolve()
     _check_output_dir(out, overwrite)
-    dtype = dtype_for_vocab(tok.vocab_size)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
+        if train_tokenizer is not None:
+            tok = _train_tokenizer(sources, text_field, errors, val_fraction, seed, train_tokenizer, tmp)
+        else:
+            tok = as_tokenizer(tokenizer)
+        dtype = dtype_for_vocab(tok.vocab_size)
         stats = [SourceStats() for _ in sources]
         source_tokens = np.zeros(len(sources), dtype=np.int64)
         all_lengths: list[np.ndarray] = []
@@ -326,6 +356,8 @@ def prepare(
                 "vocab_size": tok.vocab_size,
                 "eod_id": tok.eod_id,
                 "pad_id": tok.pad_id,
+                "file": TOKENIZER_FILE if train_tokenizer is not None else None,
+                "trained_on": "train split" if train_tokenizer is not None else None,
             },
             "tokenizer_fingerprint": tok.fingerprint,
             "vocab_size": tok.vocab_size,
@@ -385,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bundled", action="store_true", help="add the small corpus bundled with adaponder")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json / folder / sentencepiece .model "
                    "(default: bundled Pythia GPT-NeoX-20B tokenizer)")
+    p.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
+                   help="train a byte-level BPE tokenizer with VOCAB entries on the train split and save it as "
+                   "tokenizer.json next to the shards (instead of --tokenizer)")
     p.add_argument("--text-field", default="text", help="JSONL key or column holding the text (default: text)")
     p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for val (default 0.01)")
     p.add_argument("--seed", type=int, default=0, help="seed of the document-level split (default 0)")
@@ -440,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             shard_tokens=args.shard_tokens,
             overwrite=args.overwrite,
+            train_tokenizer=args.train_tokenizer,
         )
     except (DataError, ValueError) as exc:
         print(f"adaponder-prepare: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ Model arguments (``--model_args k=v,...``):
 * ``checkpoint`` (or ``pretrained``): a saved AdaPonder checkpoint folder.
 * ``passes``: K to run (default: the checkpoint's; at most the trained K for gated models).
 * ``halting_threshold`` (alias ``tau``): τ of A6 (default: the checkpoint's).
-* ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (ALGORITHMS (a),
+* ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (docs/method.md (a),
   baselines) with mean exit pass ``target_mean_exit``; without it, the learned policy's mean exit pass on
   ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus) is used and printed.
 * ``pruning_seed``: seed of the fixed-pruning draws.

@@ -1,4 +1,4 @@
-"""Fixed pruning, the iso-FLOPs control of ALGORITHMS (a) "Baselines": the trained model, but instead of
+"""Fixed pruning, the iso-FLOPs control of docs/method.md (a) "Baselines": the trained model, but instead of
 the gates' rule (A6) a random subset of the still-active tokens halts after each pass, with per-pass rates
 chosen so that the exit-pass histogram is *uniform* or *geometric* with the learned policy's mean D.
 

@@ -292,7 +292,7 @@ def write_markdown(path: Path, ctx: dict) -> None:
         lines += [
             "## Iso-FLOPs control: learned gates vs fixed pruning",
             "",
-            f"Fixed pruning (ALGORITHMS (a), baselines): the same trained model, but after each pass a random subset "
+            f"Fixed pruning (docs/method.md (a), baselines): the same trained model, but after each pass a random subset "
             f"of the still-active tokens halts (seeded), with per-pass rates chosen so that the exit-pass histogram "
             f"is uniform or geometric with the learned policy's mean exit pass D = {ctx['target']:.4f}. "
             f"\"uniform\" puts equal mass on every early exit and the rest on the end (the same number of tokens "

@@ -14,7 +14,9 @@ from typing import Any, Mapping
 from huggingface_hub.dataclasses import strict
 from transformers import GPTNeoXConfig
 
-MODES = ("vanilla", "ponderlm", "loop", "adaponder")
+MODES = ("vanilla", "ponderlm", "loop", "adaponder", "pause")
+INIT_SCHEMES = ("hf", "pythia")
+DEFAULT_PAUSE_TOKENS = 3  # K − 1 for the default K = 4: the same extra backbone compute per token as 4 passes
 GATE_ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
@@ -34,11 +36,18 @@ class AdaPonderConfigError(ValueError):
 
 @strict
 class AdaPonderConfig(GPTNeoXConfig):
-    r"""GPT-NeoX (Pythia) shape plus the recurrence of ``../shared/docs/ALGORITHMS.md`` (a).
+    r"""GPT-NeoX (Pythia) shape plus the recurrence of ``docs/method.md`` (part a).
 
     Recurrence fields:
         mode: ``vanilla`` (one pass, plain Pythia), ``ponderlm`` (K passes, pondering feedback, no gates),
-            ``loop`` (the layer stack applied K times to the hidden state), ``adaponder`` (gated, A1–A9).
+            ``loop`` (the layer stack applied K times to the hidden state), ``adaponder`` (gated, A1–A9),
+            ``pause`` (one pass; P learnable pause embeddings after every token, A19).
+        pause_tokens: P of A19 (``pause`` mode only). ``None`` = 3, the extra backbone compute of K = 4 passes;
+            0 is exactly ``vanilla``. The backbone sees ``(P + 1)·T`` positions, which
+            ``max_position_embeddings`` must cover.
+        init: weight initialisation of a from-scratch model (A20): ``hf`` (transformers' N(0, 0.02)) or
+            ``pythia`` (GPT-NeoX small_init / wang_init; PonderLM's depth- and pass-scaled truncated
+            normal for the pondering modes). Checkpoint loading never re-initialises loaded weights.
         passes: K, the number of passes. ``None`` = the mode's default (1 for vanilla, 4 otherwise).
         input_scale: c of A1 (``E⁰ = c·Ẽ[x]``). PonderLM's recipe: 1 for 70M/160M, K−1 for 410M and up.
         embedding_multiplier: α of ``Ẽ = α·W_E`` (A1). ``None`` = sqrt(hidden_size) as in A1. Only the
@@ -67,13 +76,17 @@ class AdaPonderConfig(GPTNeoXConfig):
     gate_activation: str = "gelu"
     gate_init_bias: float = 4.0
     halting_threshold: float = 1e-4
+    pause_tokens: int | None = None
+    init: str = "hf"
     compact_inference: bool = True
     ponder_chunk_size: int = 0
     ponder_recompute: bool = True
 
     def __post_init__(self, **kwargs):
         if self.passes is None:
-            self.passes = 1 if self.mode == "vanilla" else 4
+            self.passes = 1 if self.mode in ("vanilla", "pause") else 4
+        if self.mode == "pause" and self.pause_tokens is None:
+            self.pause_tokens = DEFAULT_PAUSE_TOKENS
         super().__post_init__(**kwargs)
 
     # ``@strict`` calls this on creation (and after ``validate()``): we collect every problem at once.
@@ -86,6 +99,11 @@ class AdaPonderConfig(GPTNeoXConfig):
     @property
     def num_passes(self) -> int:
         return int(self.passes)
+
+    @property
+    def num_pauses(self) -> int:
+        """P of A19: pause positions after every token (0 outside ``pause`` mode)."""
+        return int(self.pause_tokens or 0) if self.mode == "pause" else 0
 
     @property
     def ponders(self) -> bool:
@@ -148,14 +166,15 @@ def _defaults(cls) -> dict[str, Any]:
 def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
     names = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mode", "passes", "halting_threshold", "gate_hidden_mult", "gate_activation", "input_scale",
-             "embedding_multiplier", "ponder_chunk_size", "rope_parameters", "max_position_embeddings")
+             "embedding_multiplier", "ponder_chunk_size", "rope_parameters", "max_position_embeddings",
+             "pause_tokens", "init")
     return {n: getattr(cfg, n) for n in names}
 
 
 def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
     """Cheap type checks so that a string where a number belongs is reported with the rest."""
     numeric = {"hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-               "max_position_embeddings", "gate_hidden_mult", "ponder_chunk_size", "passes"}
+               "max_position_embeddings", "gate_hidden_mult", "ponder_chunk_size", "passes", "pause_tokens"}
     floats = {"halting_threshold", "input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
     bools = {"use_parallel_residual", "tie_word_embeddings", "compact_inference", "attention_bias", "use_cache",
@@ -181,8 +200,17 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
     if passes is not None and isinstance(passes, int):
         if passes < 1:
             problems.append(f"'passes' (K) must be >= 1, got {passes}")
-        elif mode == "vanilla" and passes != 1:
-            problems.append(f"mode 'vanilla' runs exactly one pass; got passes={passes} (use 'ponderlm' or 'loop')")
+        elif mode in ("vanilla", "pause") and passes != 1:
+            problems.append(f"mode {mode!r} runs exactly one pass; got passes={passes} (use 'ponderlm' or 'loop')")
+    pauses = v.get("pause_tokens")
+    if pauses is not None and isinstance(pauses, int):
+        if mode != "pause":
+            problems.append(f"'pause_tokens' is only used by mode 'pause'; got pause_tokens={pauses} with mode {mode!r}")
+        elif pauses < 0:
+            problems.append(f"'pause_tokens' (P of A19) must be >= 0, got {pauses}")
+    init = v.get("init", "hf")
+    if init not in INIT_SCHEMES:
+        problems.append(f"'init' must be one of {', '.join(INIT_SCHEMES)}; got {init!r}")
     d, h = v.get("hidden_size"), v.get("num_attention_heads")
     if isinstance(d, int) and isinstance(h, int):
         if h < 1:
@@ -216,4 +244,4 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-__all__ = ["AdaPonderConfig", "AdaPonderConfigError", "MODES", "semantic_problems"]
+__all__ = ["AdaPonderConfig", "AdaPonderConfigError", "INIT_SCHEMES", "MODES", "semantic_problems"]

@@ -1,6 +1,6 @@
 """AdaPonderLM and its baselines on one code path, composed around transformers' GPT-NeoX layers.
 
-Equations are those of ``../shared/docs/ALGORITHMS.md`` (a), cited as A1–A18. The model owns a
+Equations are those of ``docs/method.md`` (part a), cited as A1–A20. The model owns a
 ``GPTNeoXModel`` only as the container of the Pythia backbone (embedding, layers, final layer norm,
 rotary embedding), so parameter names equal ``GPTNeoXForCausalLM``'s and a Pythia checkpoint maps 1:1.
 The pass loop drives the layers itself; the only hook into them is the public ``layer_past.update``.
@@ -76,6 +76,20 @@ class GateOutput(nn.Linear):
     """The gate's last layer, a type of its own so weight init can start it at s ≈ 1 (A5)."""
 
 
+class PauseEmbeddings(nn.Module):
+    """The P learnable pause vectors of A19, one per pause slot, shared by every position."""
+
+    def __init__(self, num_pauses: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_pauses, hidden_size))
+
+    def interleave(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, d]`` token embeddings → ``[B, T·(P+1), d]``: each token followed by the P pauses."""
+        batch, length, d = x.shape
+        pauses = self.weight.to(x.dtype)[None, None].expand(batch, length, -1, -1)
+        return torch.cat([x[:, :, None], pauses], dim=2).reshape(batch, -1, d)
+
+
 class PonderGate(nn.Module):
     """Iteration-specific halting gate (A5): ``s = σ(Linear(d, m·d) → act → Linear(m·d, 1))``."""
 
@@ -147,13 +161,64 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
+        cfg = self.config
         if isinstance(module, GateOutput):
             # s ≈ 1 at start (A5): gates begin by letting every token ponder. (``hf_init`` skips
             # tensors loaded from a checkpoint.)
-            hf_init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            hf_init.constant_(module.bias, self.config.gate_init_bias)
+            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+            hf_init.constant_(module.bias, cfg.gate_init_bias)
+            return
+        if cfg.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding, PauseEmbeddings)):
+            init_pythia_(module, *init_std(cfg, "input"))  # head, gate input layers, pause vectors
+            return
+        if isinstance(module, PauseEmbeddings):
+            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
             return
         super()._init_weights(module)
+
+
+@torch.no_grad()
+def init_pythia_(module: nn.Module, std: float, truncated: bool) -> None:
+    """Weight ~ N(0, std²) (truncated at ±3σ when asked), bias 0 (A20)."""
+    if truncated:
+        hf_init.trunc_normal_(module.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+    else:
+        hf_init.normal_(module.weight, mean=0.0, std=std)
+    if getattr(module, "bias", None) is not None:
+        hf_init.zeros_(module.bias)
+
+
+class PythiaBackbone(GPTNeoXModel):
+    """transformers' ``GPTNeoXModel`` (same modules, names and forward) whose weight initialisation
+    follows ``config.init`` (A20): the backbone initialises itself when constructed, so its scheme
+    has to live here rather than in the outer model."""
+
+    config_class = AdaPonderConfig
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if self.config.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding)):
+            residual_out = any(module is layer.attention.dense or module is layer.mlp.dense_4h_to_h
+                               for layer in self.layers)
+            init_pythia_(module, *init_std(self.config, "output" if residual_out else "input"))
+            return
+        super()._init_weights(module)
+
+
+def init_std(cfg: AdaPonderConfig, role: str) -> tuple[float, bool]:
+    """Standard deviation of a weight under ``init: pythia`` (A20) and whether it is truncated at ±3σ.
+
+    ``role`` is ``"input"`` (embedding, QKV, MLP up-projection, head, pause vectors, gate input layer) or
+    ``"output"`` (attention and MLP output projections, which feed the residual stream).
+    Vanilla/loop/pause: GPT-NeoX's ``small_init`` σ = sqrt(2/(5d)) and ``wang_init`` σ = 2/(L·sqrt(d)),
+    plain normal, as the Pythia configs use them. Pondering modes: PonderLM's truncated normal with
+    σ = sqrt(2/(5d)), output projections divided by sqrt(2·L·K).
+    """
+    d, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_passes
+    small = math.sqrt(2.0 / (5.0 * d))
+    if cfg.ponders:
+        return (small / math.sqrt(2.0 * L * K) if role == "output" else small), True
+    return (2.0 / (L * math.sqrt(d)) if role == "output" else small), False
 
 
 class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
@@ -167,10 +232,11 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: AdaPonderConfig):
         super().__init__(config)
-        self.gpt_neox = GPTNeoXModel(config)
+        self.gpt_neox = PythiaBackbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         n_gates = config.num_passes - 1 if config.gated else 0
         self.gates = nn.ModuleList([PonderGate(config) for _ in range(n_gates)])
+        self.pause_embeddings = PauseEmbeddings(config.num_pauses, config.hidden_size) if config.num_pauses else None
         self.pass_checkpointing = False
         self.post_init()
 
@@ -286,6 +352,11 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         if use_cache is None:
             use_cache = cache is not None or (cfg.use_cache and not self.training)
         cache = self._ponder_cache(cache) if use_cache else None
+        stride = cfg.num_pauses + 1  # backbone positions per real token (A19; 1 outside pause mode)
+        if stride > 1:
+            inputs_embeds, attention_mask, position_ids = self._insert_pauses(
+                input_ids, inputs_embeds, attention_mask, position_ids)
+            input_ids = None
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
         x0, batch, length, valid = ctx.x0, ctx.batch, ctx.length, ctx.valid
         device = x0.device
@@ -346,6 +417,10 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
         while len(active_fraction) < K:
             active_fraction.append(active_fraction[-1] * 0)
+        if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
+            h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
+            pass_logits = [z[:, stride - 1::stride] for z in pass_logits]
+            length = length // stride
         targets = self._targets(labels, shift_labels)
         if not return_logits:  # training: A10 chunked, the [B, T, V] logits never exist
             logits = None
@@ -382,6 +457,20 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         )
 
     # -- pieces of the pass loop ---------------------------------------------------------------
+    def _insert_pauses(self, input_ids, inputs_embeds, attention_mask, position_ids):
+        """A19: the backbone's inputs with P pause embeddings after every token. Masks and positions
+        follow the expansion (a pause is padding when its token is; positions stay consecutive), so
+        callers — ``generate``, lm-eval, perplexity — pass plain text and get one logit per token."""
+        stride = self.config.num_pauses + 1
+        x = self.gpt_neox.embed_in(input_ids) if inputs_embeds is None else inputs_embeds
+        embeds = self.pause_embeddings.interleave(x)
+        if attention_mask is not None:
+            attention_mask = attention_mask.repeat_interleave(stride, dim=-1)
+        if position_ids is not None:
+            offsets = torch.arange(stride, device=position_ids.device)
+            position_ids = (position_ids[..., None] * stride + offsets).flatten(-2)
+        return embeds, attention_mask, position_ids
+
     def _ponder_cache(self, cache: Cache | None) -> PonderCache:
         if isinstance(cache, PonderCache):
             return cache
@@ -551,12 +640,15 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         products ``softmax(z)·Ẽ`` (2dV each) and min(D, K−1) gate MLPs. ``training=True`` multiplies
         by 3 (forward + backward). ``exit_pass`` (any shape; padding excluded by the caller) defaults to
         K for every token. Returns the mean per token of each part, their ``total`` and ``mean_passes``.
+        ``context`` counts real tokens; in ``pause`` mode (A19) each token occupies P+1 backbone positions,
+        so the backbone runs P+1 times per token over a (P+1)× longer context, and the head once.
         """
         cfg = self.config
         d, L, V, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.num_passes
-        ctx = context if context is not None else cfg.max_position_embeddings
+        stride = cfg.num_pauses + 1
+        ctx = (context if context is not None else cfg.max_position_embeddings // stride) * stride
         ff = cfg.intermediate_size
-        per_layer = 2 * (d * 3 * d + d * d + 2 * d * ff) + 4 * ctx * d
+        per_layer = (2 * (d * 3 * d + d * d + 2 * d * ff) + 4 * ctx * d) * stride
         if exit_pass is None:
             D = torch.full((1,), float(K))
         else:

@@ -54,6 +54,6 @@ def pythia_config(size: str, mode: str = "adaponder", **overrides: Any) -> AdaPo
     values = pythia_shape(size)
     values["mode"] = mode
     values.update(overrides)
-    passes = values.get("passes") or (1 if mode == "vanilla" else 4)
+    passes = values.get("passes") or (1 if mode in ("vanilla", "pause") else 4)
     values.setdefault("input_scale", default_input_scale(size, passes))
     return AdaPonderConfig.from_mapping(values, source=f"preset {size!r}")

@@ -1,4 +1,4 @@
-"""PALBERT mode (ALGORITHMS.md section (b)): model-independent parts.
+"""PALBERT mode (docs/method.md section (b)): model-independent parts.
 
 * :mod:`adaponder.palbert.glue` — GLUE TSV loading and tokenizer-agnostic batching.
 * :mod:`adaponder.palbert.metrics` — official GLUE metrics in numpy (B8).

@@ -1,4 +1,4 @@
-"""PALBERT mode (ALGORITHMS.md (b)): the recurrent core as a sequence classifier that learns when to stop.
+"""PALBERT mode (docs/method.md (b)): the recurrent core as a sequence classifier that learns when to stop.
 
 Exit points are the passes i = 1..N of the core (``palbert_passes``, independent of the LM's K). After
 pass i the pooled vector ``c_i`` (B1) feeds one shared head (B2) and the Lambda layer (B3); training

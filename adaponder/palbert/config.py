@@ -1,4 +1,4 @@
-"""Typed configuration of a GLUE fine-tuning run (``configs/glue/<task>.yaml``, ALGORITHMS.md (b), B8).
+"""Typed configuration of a GLUE fine-tuning run (``configs/glue/<task>.yaml``, docs/method.md (b), B8).
 
 A YAML file has the sections below; every key is optional except ``task``. :func:`load_finetune_config`
 applies ``--set section.key=value`` overrides (values parsed as YAML), then validates everything at once:

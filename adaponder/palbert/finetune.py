@@ -1,4 +1,4 @@
-"""GLUE fine-tuning in PALBERT mode (ALGORITHMS.md (b), B8) and the evaluation of every exit rule.
+"""GLUE fine-tuning in PALBERT mode (docs/method.md (b), B8) and the evaluation of every exit rule.
 
 :func:`run_finetune` is the whole recipe behind ``launch/finetune_glue.py``:
 

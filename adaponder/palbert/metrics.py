@@ -1,4 +1,4 @@
-"""Official GLUE metrics in plain numpy (ALGORITHMS.md B8).
+"""Official GLUE metrics in plain numpy (docs/method.md B8).
 
 accuracy; Matthews correlation (CoLA); accuracy + F1 (MRPC, QQP); Pearson + Spearman (STS-B).
 The definitions and degenerate-case conventions follow scikit-learn / scipy (which the tests compare

@@ -1,4 +1,4 @@
-"""Model-independent PonderNet / PALBERT math for PALBERT mode (ALGORITHMS.md section (b), B3–B9).
+"""Model-independent PonderNet / PALBERT math for PALBERT mode (docs/method.md section (b), B3–B9).
 
 Shapes: ``B`` examples, ``N`` passes (exit points), ``C`` classes. Pass ``i`` of the equations
 (1-based) is index ``i - 1`` here; every exit rule returns a 0-based ``exit_idx`` ``[B]`` (int64),

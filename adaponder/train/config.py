@@ -59,8 +59,11 @@ class DataConfig:
     #: Raw inputs to prepare into ``path`` when it holds no ``meta.json`` yet: files, folders, globs, or
     #: ``"bundled"`` for the public-domain corpus shipped with adaponder. ``None``: ``path`` must exist.
     prepare: list[str] | None = None
-    #: Tokenizer file/folder; ``None`` = the bundled Pythia (GPT-NeoX-20B) tokenizer.
+    #: Tokenizer file/folder; ``None`` = ``<path>/tokenizer.json`` when the data folder holds one (a tokenizer
+    #: trained by ``adaponder-prepare --train-tokenizer``), else the bundled Pythia (GPT-NeoX-20B) tokenizer.
     tokenizer: str | None = None
+    #: When preparing on the fly: train a byte-level BPE tokenizer of this many entries on the train split.
+    train_tokenizer: int | None = None
     #: Tokens per training sample (the model sees ``seq_len`` inputs and as many labels).
     seq_len: int = 2048
     #: Used only when preparing on the fly.
@@ -316,6 +319,8 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
         p.append(f"data.seq_len: must be >= 1, got {d.seq_len}")
     if not 0 <= d.val_fraction < 1:
         p.append(f"data.val_fraction: must lie in [0, 1), got {d.val_fraction}")
+    if d.train_tokenizer is not None and d.tokenizer is not None:
+        p.append("data.train_tokenizer: cannot be combined with data.tokenizer (train one, or name one)")
     if d.prepare is not None and not d.prepare:
         p.append("data.prepare: an empty list; give inputs (or 'bundled') or leave it out")
     if o.lr <= 0:
@@ -394,6 +399,20 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
     return p
 
 
+def _position_problems(cfg: TrainConfig) -> list[str]:
+    """The model must have positions for every backbone position of a training sample (A19: a token and
+    its P pauses take P+1 positions)."""
+    mc = cfg.model_config()
+    stride = mc.num_pauses + 1
+    positions = cfg.data.seq_len * stride
+    if positions <= mc.max_position_embeddings:
+        return []
+    what = f"{cfg.data.seq_len} tokens × (1 + {mc.num_pauses} pauses) = {positions} positions" if stride > 1 \
+        else f"{positions} tokens"
+    return [f"data.seq_len: {what} exceed model.max_position_embeddings ({mc.max_position_embeddings}); "
+            "lower data.seq_len or raise model.max_position_embeddings"]
+
+
 # -- loading ----------------------------------------------------------------------------------------------
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """``["optim.lr=3e-4", "train.steps=100"]`` applied to a raw (YAML) mapping."""
@@ -411,8 +430,10 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
     sections = {name: typed_config.build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
     model = raw.get("model") or {}
     cfg = TrainConfig(model=dict(model) if isinstance(model, Mapping) else {}, source=source, **sections)
-    problems += _model_problems(model, cfg.init.backbone is not None)
-    problems += _semantic_problems(cfg)
+    model_problems = _model_problems(model, cfg.init.backbone is not None)
+    problems += model_problems + _semantic_problems(cfg)
+    if not model_problems and cfg.init.backbone is None and cfg.data.seq_len >= 1:
+        problems += _position_problems(cfg)
     if problems:
         raise TrainConfigError(problems, source)
     return cfg
