@@ -1,0 +1,60 @@
+"""The evidence study: every arm of the AdaPonderLM comparison trained on the same data, budget, seed and
+schedule, evaluated on the same held-out split, reported in ``docs/study.md`` (``launch/study.py``).
+
+* :mod:`~adaponder.study.config` — the study YAML (base config, arms, profiles), validated at once;
+* :mod:`~adaponder.study.arms` — train an arm (resumable subprocess) and evaluate it; one JSON per arm;
+* :mod:`~adaponder.study.report` — tables, the paper's claims checked against the numbers, plots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .arms import arm_id, load_result, run_arm
+from .config import StudyConfig, StudyConfigError, load_study_config
+
+
+def prepare_data(cfg: StudyConfig, log=print) -> Path:
+    """Tokenize the corpus once (BPE trained on the train split) into ``<runs_dir>/data-<hash>``."""
+    from adaponder.data import bundled_corpus_dir
+    from adaponder.data.prepare import prepare
+
+    key = hashlib.sha256(json.dumps(vars(cfg.data), sort_keys=True).encode()).hexdigest()[:12]
+    out = Path(cfg.study.runs_dir) / f"data-{key}"
+    if (out / "meta.json").is_file():
+        return out
+    inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.corpus]
+    log(f"== preparing {', '.join(cfg.data.corpus)} into {out} (tokenizer: BPE, {cfg.data.vocab} entries)")
+    prepare(inputs, out, train_tokenizer=cfg.data.vocab, val_fraction=cfg.data.val_fraction,
+            seed=cfg.data.split_seed, num_workers=1, progress=False)
+    return out
+
+
+def data_summary(data_dir: Path) -> dict:
+    meta = json.loads((data_dir / "meta.json").read_text())
+    return {"documents": meta["documents"], "val_documents": meta["splits"]["val"]["documents"],
+            "train_tokens": meta["splits"]["train"]["tokens"], "val_tokens": meta["splits"]["val"]["tokens"],
+            "vocab_size": meta["vocab_size"]}
+
+
+def run_study(cfg: StudyConfig, command: str, only_report: bool = False, log=print) -> Path:
+    """Run every (arm, seed) not finished yet, then write the report. Returns the report's path."""
+    from .report import write_report
+
+    data_dir = prepare_data(cfg, log)
+    runs = cfg.arm_runs()
+    results = []
+    for i, (arm, seed) in enumerate(runs, 1):
+        log(f"== [{i}/{len(runs)}] {arm_id(arm, seed)}")
+        res = load_result(cfg, arm, seed) if only_report else run_arm(cfg, arm, seed, data_dir, log)
+        if res is not None:
+            results.append(res)
+    pending = [arm_id(a, s) for a, s in runs if load_result(cfg, a, s) is None]
+    report = write_report(cfg, results, data_summary(data_dir), command, pending)
+    log(f"== report: {report}")
+    return report
+
+
+__all__ = ["StudyConfig", "StudyConfigError", "data_summary", "load_study_config", "prepare_data", "run_study"]

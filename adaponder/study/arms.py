@@ -1,0 +1,188 @@
+"""Train one arm of the study (a ``launch/pretrain.py`` subprocess, resumable) and evaluate it on the held-out
+split; the result is one small JSON file per (arm, seed), written atomically, which is what makes the study
+resumable arm by arm: an arm whose file exists with the same configuration fingerprint is never retrained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import StudyConfig
+
+REPO = Path(__file__).resolve().parents[2]
+RESULT_VERSION = 1
+
+
+def arm_id(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def result_path(cfg: StudyConfig, arm: str, seed: int) -> Path:
+    return Path(cfg.study.results_dir) / f"{arm_id(arm, seed)}.json"
+
+
+def load_result(cfg: StudyConfig, arm: str, seed: int) -> dict | None:
+    """The stored result of (arm, seed) if it was produced by the current configuration."""
+    path = result_path(cfg, arm, seed)
+    if not path.is_file():
+        return None
+    res = json.loads(path.read_text(encoding="utf-8"))
+    if res.get("fingerprint") != cfg.fingerprint(arm, seed) or res.get("version") != RESULT_VERSION:
+        return None
+    return res
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) -> Path:
+    """Train (or continue training) one arm in a ``launch/pretrain.py`` subprocess; returns its run folder.
+    Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions."""
+    run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file = run_dir / "arm.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.train_raw(arm, seed, str(data_dir), str(run_dir)), sort_keys=False),
+                           encoding="utf-8")
+    wall_file = run_dir / "study_wall.json"
+    wall = json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else 0.0
+    if (run_dir / "hf" / "config.json").is_file() and _finished(run_dir):
+        return run_dir
+    cmd = [sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(config_file), "--resume", "auto"]
+    log(f"== training {arm_id(arm, seed)}: {' '.join(cmd[1:])}")
+    t0 = time.perf_counter()
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    proc = subprocess.run(cmd, cwd=os.getcwd(), env=env)
+    wall += time.perf_counter() - t0
+    write_json_atomic(wall_file, {"seconds": wall})
+    if proc.returncode != 0:
+        raise RuntimeError(f"training {arm_id(arm, seed)} failed with exit code {proc.returncode} "
+                           f"(log above; config {config_file}); rerun the study to resume it")
+    return run_dir
+
+
+def _finished(run_dir: Path) -> bool:
+    records = _metrics(run_dir)
+    return any(r.get("kind") == "eval" and r.get("final") for r in records)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def training_summary(run_dir: Path) -> dict[str, Any]:
+    """Training curve (per logged step), throughput and wall time from the run's ``metrics.jsonl``."""
+    records = _metrics(run_dir)
+    train = [r for r in records if r.get("kind") == "train"]
+    # A resumed run may log a step twice; keep the last record of each step.
+    by_step = {r["step"]: r for r in train}
+    curve = [{"step": s, "tokens": r.get("tokens"), "lm_loss": r.get("lm_loss"), "loss": r.get("loss"),
+              "mean_exit_pass": r.get("mean_exit_pass"), "lr": r.get("lr")} for s, r in sorted(by_step.items())]
+    tps = [r["tokens_per_s"] for r in by_step.values() if r.get("tokens_per_s")]
+    wall_file = run_dir / "study_wall.json"
+    return {
+        "curve": curve,
+        "tokens": curve[-1]["tokens"] if curve else 0,
+        "steps": curve[-1]["step"] if curve else 0,
+        "tokens_per_s": statistics.median(tps) if tps else float("nan"),
+        "wall_s": json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else float("nan"),
+        "final_train_lm_loss": curve[-1]["lm_loss"] if curve else float("nan"),
+    }
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------
+def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, Any]:
+    """Held-out perplexity, mean exit pass and inference FLOPs/token of the exported checkpoint; for gated
+    arms also NLL by exit pass, fixed pruning (uniform, geometric) at the learned mean exit pass, and the τ
+    dial. Windows: the training length, not overlapping (every token scored once)."""
+    import torch
+
+    from adaponder.evaluation.dial import sweep_tau
+    from adaponder.evaluation.halting import nll_by_exit_pass
+    from adaponder.evaluation.perplexity import load_documents, score_documents, summarize
+    from adaponder.evaluation.pruning import make_policy
+    from adaponder.evaluation.settings import load_for_eval
+
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    train_cfg = yaml.safe_load((run_dir / "arm.yaml").read_text())
+    window = int(train_cfg["data"]["seq_len"])
+    model, tok = load_for_eval(run_dir / "hf")
+    docs = load_documents(data_dir, tok, max_tokens_per_doc=cfg.eval.max_tokens_per_doc, split="val")
+    score_kw = dict(window=window, stride=window, batch_size=cfg.eval.batch_size, eod_id=tok.eos_token_id)
+    scores = score_documents(model, docs, **score_kw)
+    out: dict[str, Any] = {"heldout": _clean(summarize(scores, docs, model)),
+                           "parameters": model.parameter_counts(), "passes": int(model.config.num_passes),
+                           "mode": model.config.mode, "window": window}
+    if model.config.gated:
+        K = model.config.num_passes
+        out["nll_by_exit_pass"] = _clean(nll_by_exit_pass(scores))
+        mean_exit = out["heldout"]["mean_exit"]
+        pruning = {}
+        for rule in ("uniform", "geometric"):
+            if 1.0 < mean_exit < K:
+                policy = make_policy(rule, K, mean_exit, seed=cfg.eval.pruning_seed)
+                pruning[rule] = _clean(summarize(score_documents(model, docs, halting_policy=policy, **score_kw),
+                                                 docs, model))
+        out["fixed_pruning"] = pruning
+        out["tau_dial"] = _clean(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
+        # Reference points on the same trained model: no halting (every token runs K passes).
+        out["no_halting"] = _clean(summarize(score_documents(model, docs, halting_policy=_never_halt, **score_kw),
+                                             docs, model))
+    out["eval_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _never_halt(pass_idx, active, s, valid):
+    return active
+
+
+def _clean(obj):
+    """JSON-safe: NaN → None, numpy scalars → Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) -> dict:
+    """Train and evaluate (arm, seed) unless its result is already stored; returns the result."""
+    done = load_result(cfg, arm, seed)
+    if done is not None:
+        log(f"== {arm_id(arm, seed)}: done earlier ({result_path(cfg, arm, seed)})")
+        return done
+    run_dir = train_arm(cfg, arm, seed, data_dir, log)
+    log(f"== evaluating {arm_id(arm, seed)} on the held-out split")
+    result = {"version": RESULT_VERSION, "arm": arm, "seed": seed, "fingerprint": cfg.fingerprint(arm, seed),
+              "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
+              "train": _clean(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
+    write_json_atomic(result_path(cfg, arm, seed), result)
+    h = result["heldout"]
+    log(f"== {arm_id(arm, seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "
+        f"{h['flops']['total'] / 1e6:.2f} MFLOP/token; train {result['train']['tokens_per_s']:.0f} tok/s")
+    return result
+
+
+__all__ = ["arm_id", "evaluate_arm", "load_result", "result_path", "run_arm", "train_arm", "training_summary"]

@@ -1,0 +1,176 @@
+"""The study configuration (``configs/study/*.yaml``): one base training config, the arms as overrides of it,
+what to evaluate, and named profiles that shrink everything for a quick run.
+
+::
+
+    study:    name, seeds, which arms repeat with the second seed, output folders
+    data:     corpus (raw text; ``bundled`` = the corpus shipped with adaponder), tokenizer vocabulary, split
+    base:     a complete ``launch/pretrain.py`` configuration shared by every arm (model, optim, schedule, train …)
+    arms:     arm name → ``--set``-style overrides of ``base`` (``model.mode: ponderlm``)
+    eval:     held-out tokens, τ values of the dial
+    profiles: profile name → overrides of this file itself (``base.train.tokens: 16384``)
+
+Every problem — unknown keys, bad values, an arm whose training config does not validate — is reported at
+once by :class:`StudyConfigError`, naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from adaponder import typed_config
+
+
+class StudyConfigError(typed_config.ConfigError):
+    what = "the study configuration"
+
+
+@dataclass
+class StudySection:
+    name: str = "study"
+    #: The first seed trains every arm; ``repeat_seed`` retrains the arms in ``repeat_arms``.
+    seed: int = 1234
+    repeat_seed: int | None = 4321
+    repeat_arms: list[str] = field(default_factory=list)
+    #: Checkpoints and training logs (large; not committed).
+    runs_dir: str = "runs/study"
+    #: One small JSON per finished arm (committed): the study resumes from these.
+    results_dir: str = "docs/study"
+    #: The Markdown report; its PNGs go to ``results_dir``.
+    report: str = "docs/study.md"
+
+
+@dataclass
+class DataSection:
+    #: Raw text inputs (files, folders, globs) or ``bundled``; ``--corpus`` overrides.
+    corpus: list[str] = field(default_factory=lambda: ["bundled"])
+    #: Entries of the byte-level BPE tokenizer trained on the train split.
+    vocab: int = 4096
+    #: Fraction of documents (whole books) held out for validation.
+    val_fraction: float = 0.1
+    split_seed: int = 0
+
+
+@dataclass
+class EvalSection:
+    #: Held-out tokens scored per document (``null``: all).
+    max_tokens_per_doc: int | None = 16384
+    batch_size: int = 16
+    #: τ values of the compute dial (adaponder arms).
+    taus: list[float] = field(default_factory=lambda: [1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5])
+    #: Seed of the fixed-pruning controls' random halting.
+    pruning_seed: int = 0
+
+
+SECTIONS = {"study": StudySection, "data": DataSection, "eval": EvalSection}
+
+
+@dataclass
+class StudyConfig:
+    study: StudySection
+    data: DataSection
+    eval: EvalSection
+    base: dict
+    arms: dict[str, dict[str, Any]]
+    source: str
+    profile: str
+
+    def arm_runs(self) -> list[tuple[str, int]]:
+        """(arm, seed) in training order: every arm with the first seed, then the repeats."""
+        runs = [(arm, self.study.seed) for arm in self.arms]
+        if self.study.repeat_seed is not None:
+            runs += [(arm, self.study.repeat_seed) for arm in self.study.repeat_arms]
+        return runs
+
+    def train_raw(self, arm: str, seed: int, data_dir: str, out_dir: str) -> dict[str, Any]:
+        """The ``launch/pretrain.py`` configuration (a raw mapping) of one arm and seed."""
+        overrides = [f"{k}={_yaml_scalar(v)}" for k, v in self.arms[arm].items()]
+        overrides += [f"train.seed={seed}", f"data.path={data_dir}", f"train.out_dir={out_dir}"]
+        from adaponder.train.config import apply_overrides
+
+        return apply_overrides(copy.deepcopy(self.base), overrides)
+
+    def fingerprint(self, arm: str, seed: int) -> str:
+        """What decides an arm's result: its training config (minus output paths), data and evaluation."""
+        raw = self.train_raw(arm, seed, "<data>", "<out>")
+        what = {"train": raw, "data": vars(self.data), "eval": vars(self.eval)}
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _yaml_scalar(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, dict, bool)) or v is None else str(v)
+
+
+def _deep_set(raw: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = raw
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise KeyError(dotted)
+    node[keys[-1]] = value
+
+
+def load_study_config(path: str | Path, profile: str | None = None, corpus: list[str] | None = None,
+                      overrides: list[str] | None = None) -> StudyConfig:
+    """Read and validate a study YAML; apply ``profile`` (from its ``profiles:``), ``corpus`` and ``--set``
+    overrides (on the study file's own keys, e.g. ``base.train.tokens=8192``)."""
+    source = str(path)
+    raw = typed_config.read_yaml(path, StudyConfigError)
+    problems: list[str] = []
+    known = {"study", "data", "eval", "base", "arms", "profiles"}
+    problems += [f"{k}: unknown section (known: {', '.join(sorted(known))})" for k in raw if k not in known]
+    profiles = raw.pop("profiles", None) or {}
+    if profile is not None:
+        if profile not in profiles:
+            raise StudyConfigError([f"profile {profile!r} is not defined (profiles: {', '.join(profiles) or 'none'})"],
+                                   source)
+        for key, value in (profiles[profile] or {}).items():
+            try:
+                _deep_set(raw, key, value)
+            except KeyError:
+                problems.append(f"profiles.{profile}.{key}: does not name a key of the study file")
+        source += f" (profile {profile})"
+    if corpus:
+        raw.setdefault("data", {})["corpus"] = list(corpus)
+    if overrides:
+        raw = typed_config.apply_overrides(raw, overrides, StudyConfigError)
+        source += " + --set " + " ".join(overrides)
+    sections = {name: typed_config.build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
+    base = raw.get("base")
+    arms = raw.get("arms")
+    if not isinstance(base, Mapping):
+        problems.append("base: required, a launch/pretrain.py configuration shared by every arm")
+        base = {}
+    if not isinstance(arms, Mapping) or not arms:
+        problems.append("arms: required, a mapping of arm name to overrides of base (e.g. model.mode: ponderlm)")
+        arms = {}
+    arms = {str(k): dict(v or {}) for k, v in arms.items()} if isinstance(arms, Mapping) else {}
+    cfg = StudyConfig(study=sections["study"], data=sections["data"], eval=sections["eval"], base=dict(base),
+                      arms=arms, source=source, profile=profile or "default")
+    for name in cfg.study.repeat_arms:
+        if name not in arms:
+            problems.append(f"study.repeat_arms: {name!r} is not an arm (arms: {', '.join(arms)})")
+    if cfg.data.vocab < 258:
+        problems.append(f"data.vocab: a byte-level BPE vocabulary needs at least 258 entries, got {cfg.data.vocab}")
+    if not 0 < cfg.data.val_fraction < 1:
+        problems.append(f"data.val_fraction: must lie in (0, 1), got {cfg.data.val_fraction}")
+    if not problems:  # every arm must be a valid training config
+        from adaponder.train.config import TrainConfigError, config_from_dict
+
+        for arm in arms:
+            try:
+                config_from_dict(cfg.train_raw(arm, cfg.study.seed, "<data>", "<out>"), f"arm {arm}")
+            except TrainConfigError as err:
+                problems += [f"arms.{arm}: {p}" for p in err.problems]
+    if problems:
+        raise StudyConfigError(problems, source)
+    return cfg
+
+
+__all__ = ["StudyConfig", "StudyConfigError", "load_study_config"]
