@@ -7,8 +7,8 @@ Layout of ``checkpoint.dir``::
       mp_rank_00_model_states.pt, *optim_states.pt, zero_to_fp32.py   DeepSpeed's files
       rank00000.pt ...           per rank: data-loader state and RNG states (python, numpy, torch, accelerator)
       config.json                the model's AdaPonderConfig (for export without the training YAML)
-      trainer_state.json         step, tokens, schedule, compatibility record and a manifest of every file
-                                 with its size; written last inside the folder
+      trainer_state.json         step, tokens, schedule, compatibility record, a manifest of every file with
+                                 its size and the SHA-256 of its content; written last inside the folder
 
 A save writes everything into ``.tmp-stepNNNNNNNN``; rank 0 then renames it to ``stepNNNNNNNN`` (atomic) and
 replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the previous complete checkpoint;
@@ -16,18 +16,30 @@ the half-written temporary folder is removed by the next save. Older checkpoints
 only after the new one is in place. A run resumed from an older checkpoint (a rewind) replaces the
 checkpoints of the abandoned branch as it reaches their steps. The folder must be on a filesystem that every
 node sees.
+
+Integrity and safety on every read (resume and export): every file must have the size and SHA-256 recorded
+when it was written (hashing is spread over the ranks); ``--resume auto`` skips damaged checkpoints (newest
+first) with one line naming the damaged one and the one used, while an explicit path to a damaged checkpoint
+is an error. Before DeepSpeed (or ``zero_to_fp32``) unpickles a ``.pt`` file, the file is unpickled with
+``torch.load(weights_only=True)``, allowing only tensors, plain containers and the few DeepSpeed types listed in
+:func:`deepspeed_safe_globals`, so a file carrying a pickle payload is refused instead of executed.
+Checkpoints written before the hashes existed are checked by size only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -36,6 +48,7 @@ import torch.distributed as dist
 TAG_RE = re.compile(r"^step(\d{8,})$")
 STATE_FILE = "trainer_state.json"
 FORMAT = "adaponder.train.checkpoint/v1"
+HASH_KEY = "sha256"  # trainer_state.json: {"sha256": {relative path: hex digest}} next to "manifest" (sizes)
 
 
 class CheckpointError(RuntimeError):
@@ -76,6 +89,176 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _sharded(items: list[str], fn: Callable[[str], Any], threads: bool = True) -> dict[str, Any]:
+    """``{item: fn(item)}`` for every item, the work spread over the ranks (and a few threads in each when
+    ``threads``), the result on every rank. Collective when a process group exists: every rank calls it with
+    the same items. ``fn`` must not raise (a rank that raised would leave the others waiting): it returns its
+    error."""
+    rank, world = _dist_rank_world()
+    mine = items[rank::world]
+    workers = max(1, min(4, len(mine), os.cpu_count() or 1)) if threads else 1
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            local = dict(zip(mine, pool.map(fn, mine)))
+    else:
+        local = {item: fn(item) for item in mine}
+    if world == 1:
+        return local
+    boxes: list[Any] = [None] * world
+    dist.all_gather_object(boxes, local)
+    merged: dict[str, Any] = {}
+    for box in boxes:
+        merged.update(box)
+    return merged
+
+
+# -- content hashes ---------------------------------------------------------------------------------------
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's content, streamed (constant memory)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _digest_or_error(path: Path) -> str:
+    try:
+        return file_sha256(path)
+    except OSError as err:
+        return f"error: {err}"
+
+
+def hash_files(folder: Path, names: list[str]) -> dict[str, str]:
+    """Collective: ``{name: sha256}`` for the files ``names`` of ``folder``, hashed by all ranks together."""
+    digests = _sharded(names, lambda rel: _digest_or_error(folder / rel))
+    errors = [f"{rel}: {d[len('error: '):]}" for rel, d in sorted(digests.items()) if d.startswith("error: ")]
+    if errors:
+        raise CheckpointError(f"{folder}: cannot hash the files just written ({'; '.join(errors)})")
+    return digests
+
+
+def _check_file(folder: Path, rel: str, size: Any, digest: str | None) -> str | None:
+    """The problem with one recorded file, or None when it is as written."""
+    f = folder / rel
+    try:
+        actual = f.stat().st_size if f.is_file() else None
+    except OSError:
+        actual = None
+    if actual is None:
+        return f"file {rel} is missing"
+    if actual != size:
+        return f"file {rel} has {actual} bytes, {size} were written (truncated or corrupt)"
+    if digest is None:
+        return None
+    got = _digest_or_error(f)
+    if got.startswith("error: "):
+        return f"file {rel} cannot be read ({got[len('error: '):]})"
+    if got != digest:
+        return f"file {rel} has sha256 {got[:16]}..., expected {digest[:16]}... as recorded at save (corrupt)"
+    return None
+
+
+def file_problems(tag_dir: Path, state: dict[str, Any]) -> list[str]:
+    """Collective: every recorded file of a checkpoint present, with its recorded size and content hash
+    (hashes only for checkpoints that recorded them). Returns the problems, in file order."""
+    manifest = state.get("manifest", {})
+    hashes = state.get(HASH_KEY) or {}
+    names = sorted(manifest)
+    found = _sharded(names, lambda rel: _check_file(tag_dir, rel, manifest[rel], hashes.get(rel)))
+    return [found[rel] for rel in names if found.get(rel)]
+
+
+def integrity_problems(tag_dir: Path) -> list[str]:
+    """Collective: why a checkpoint folder is not intact (unreadable state, missing/short/changed files)."""
+    try:
+        state = read_state(tag_dir)
+    except CheckpointError as err:
+        return [str(err)]
+    return file_problems(tag_dir, state)
+
+
+def _one_line(what: str, tag_dir: Path, problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"{what} {tag_dir}: {problems[0]}"
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"{what} {tag_dir}:\n{lines}"
+
+
+def verify_files(tag_dir: Path, state: dict[str, Any], what: str = "cannot use") -> None:
+    """Collective: raise one :class:`CheckpointError` naming every file that is not as it was written."""
+    problems = file_problems(tag_dir, state)
+    if problems:
+        raise CheckpointError(_one_line(what, tag_dir, problems))
+
+
+# -- unpickling: tensors and DeepSpeed's own types only ---------------------------------------------------
+def deepspeed_safe_globals() -> list[Any]:
+    """The non-tensor types DeepSpeed (0.14-0.19) pickles into its checkpoint files (ZeRO 0-3, fp32/bf16/fp16,
+    CPU offload): the loss scalers, the ZeRO stage enum and the fragment addresses of the parameter slice
+    mappings. Everything else a weights-only load refuses."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def safe_torch_load(path: str | Path, *, mmap: bool = False, deepspeed_types: bool = True) -> Any:
+    """``torch.load(weights_only=True)`` on the CPU, DeepSpeed's checkpoint types allowed; a file that would run
+    code (or is unreadable) raises one clear :class:`CheckpointError` and nothing in it is executed."""
+    path = Path(path)
+    # (not thread-safe: torch keeps the allowed globals in one module-level set)
+    present = set(torch.serialization.get_safe_globals())
+    allowed = [g for g in (deepspeed_safe_globals() if deepspeed_types else []) if g not in present]
+    try:
+        mmap = mmap and zipfile.is_zipfile(path)  # memory-mapping needs the (default) zip format
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        text = str(err)
+        m = _REFUSED_GLOBAL.search(text)
+        if m:
+            raise CheckpointError(
+                f"{path}: refused to load: unpickling it would call `{m.group(1)}`, which is neither a tensor nor one "
+                "of DeepSpeed's checkpoint types (a tampered or foreign file; nothing in it was run)") from None
+        if "WeightsUnpickler error" in text:
+            detail = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n")[0]
+            raise CheckpointError(
+                f"{path}: refused to load: {detail} (only tensors, plain containers and DeepSpeed's checkpoint types "
+                "are allowed; a tampered or foreign file; nothing in it was run)") from None
+        raise CheckpointError(f"{path}: cannot be read (UnpicklingError: {text.splitlines()[0] if text else ''}); "
+                              "the checkpoint is corrupt") from None
+    except Exception as err:  # zip/pickle errors of every kind
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise CheckpointError(f"{path}: cannot be read ({type(err).__name__}: {first}); "
+                              "the checkpoint is corrupt") from None
+
+
+def _pickle_problem(path: Path) -> str | None:
+    try:
+        safe_torch_load(path, mmap=True)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def check_pickles(tag_dir: Path) -> None:
+    """Collective: unpickle every ``.pt`` file of ``tag_dir`` weights-only (tensors memory-mapped, not read)
+    before DeepSpeed's own, unrestricted ``torch.load`` sees it; raise on the first file refused."""
+    names = sorted(str(p.relative_to(tag_dir)) for p in tag_dir.rglob("*.pt") if p.is_file())
+    found = _sharded(names, lambda rel: _pickle_problem(tag_dir / rel), threads=False)
+    problems = [found[rel] for rel in names if found.get(rel)]
+    if problems:
+        raise CheckpointError(problems[0] + (f" (and {len(problems) - 1} more file(s))" if len(problems) > 1 else ""))
 
 
 # -- RNG state --------------------------------------------------------------------------------------------
@@ -126,9 +309,53 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return read_latest(ckpt_dir) is not None or bool(list_tags(ckpt_dir))
 
 
-def resolve_resume(resume: str | None, ckpt_dir: Path) -> Path | None:
-    """The tag folder to resume from: ``None`` (fresh start), ``"auto"`` (the newest checkpoint in
-    ``ckpt_dir``, or a fresh start if there is none), or a path to a checkpoint folder or a tag folder."""
+def resolve_resume(resume: str | None, ckpt_dir: Path, notify: Callable[[str], None] | None = None) -> Path | None:
+    """The tag folder to resume from: ``None`` (fresh start), ``"auto"`` (the newest intact checkpoint in
+    ``ckpt_dir``, or a fresh start if there is none), or a path to a checkpoint folder or a tag folder.
+    See :func:`find_resume`; collective when a process group exists."""
+    return find_resume(resume, ckpt_dir, notify)[0]
+
+
+def find_resume(resume: str | None, ckpt_dir: Path,
+                notify: Callable[[str], None] | None = None) -> tuple[Path | None, bool]:
+    """``(tag folder or None, verified)``. ``"auto"`` takes the checkpoint named by ``latest`` if it is intact
+    (every file with its recorded size and SHA-256), else the newest intact older one, and calls ``notify``
+    with one line naming the damaged checkpoint and the one used; ``verified`` is then True (the files need no
+    second check). When no checkpoint is intact, or for an explicit path, the newest / given folder comes back
+    unverified (``verified`` False): :func:`validate` then reports its problems. Collective when a process
+    group exists (the hashing is spread over the ranks)."""
+    chosen = _resolve_target(resume, ckpt_dir)
+    if chosen is None or resume != "auto":
+        return chosen, False
+    root = chosen.parent
+    newest = [chosen] + [root / t for t in reversed(list_tags(root)) if t != chosen.name
+                         and int(TAG_RE.match(t).group(1)) < _step_of(chosen)]
+    damaged: list[tuple[Path, list[str]]] = []
+    for tag_dir in newest:
+        problems = integrity_problems(tag_dir)
+        if not problems:
+            if damaged:
+                bad, why = damaged[0]
+                skipped = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+                (notify or _print_stderr)(f"checkpoint {bad} is damaged: {why[0]}{skipped}; resuming from "
+                                          f"{tag_dir} instead")
+            return tag_dir, True
+        damaged.append((tag_dir, problems))
+    return chosen, False  # nothing intact: validate() names the problems of the newest
+
+
+def _step_of(tag_dir: Path) -> int:
+    m = TAG_RE.match(tag_dir.name)
+    return int(m.group(1)) if m else 1 << 62
+
+
+def _print_stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
+def _resolve_target(resume: str | None, ckpt_dir: Path) -> Path | None:
     if resume is None or resume in ("", "none", "no"):
         return None
     if resume == "auto":
@@ -168,19 +395,15 @@ def read_state(tag_dir: Path) -> dict[str, Any]:
     return state
 
 
-def validate(tag_dir: Path, compat: dict[str, Any]) -> dict[str, Any]:
-    """Check a checkpoint before loading anything: complete, files intact (sizes), same run setup.
+def validate(tag_dir: Path, compat: dict[str, Any], check_files: bool = True) -> dict[str, Any]:
+    """Check a checkpoint before loading anything: complete, files intact (sizes and SHA-256; skipped with
+    ``check_files=False`` when :func:`find_resume` verified them already), same run setup.
 
-    Returns its trainer state. Raises one :class:`CheckpointError` listing every problem.
+    Returns its trainer state. Raises one :class:`CheckpointError` listing every problem. Collective when a
+    process group exists.
     """
     state = read_state(tag_dir)
-    problems = []
-    for rel, size in sorted(state.get("manifest", {}).items()):
-        f = tag_dir / rel
-        if not f.is_file():
-            problems.append(f"file {rel} is missing")
-        elif f.stat().st_size != size:
-            problems.append(f"file {rel} has {f.stat().st_size} bytes, {size} were written (truncated or corrupt)")
+    problems = file_problems(tag_dir, state) if check_files else []
     saved = state.get("compat", {})
     for key in sorted(set(saved) | set(compat)):
         a, b = saved.get(key), compat.get(key)
@@ -191,16 +414,8 @@ def validate(tag_dir: Path, compat: dict[str, Any]) -> dict[str, Any]:
         elif a != b:
             problems.append(f"{key} is {a!r} in the checkpoint but {b!r} in this run")
     if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise CheckpointError(f"cannot resume from {tag_dir}:\n{lines}")
+        raise CheckpointError(_one_line("cannot resume from", tag_dir, problems))
     return state
-
-
-def _safe_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # zip/pickle errors of every kind
-        raise CheckpointError(f"{path}: cannot be read ({type(err).__name__}: {err}); the checkpoint is corrupt") from None
 
 
 # -- the manager ------------------------------------------------------------------------------------------
@@ -231,11 +446,16 @@ class CheckpointManager:
         _barrier()
         if crash:
             raise SimulatedCrash(f"simulated crash in the middle of saving step {step} (debug.crash_in_save_at)")
+        # Every file as written: sizes and SHA-256 (listed by rank 0, hashed by all ranks together).
+        names = [sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()) if self.rank == 0 else None]
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            dist.broadcast_object_list(names, src=0)
+        digests = hash_files(tmp, names[0])
         if self.rank == 0:
-            manifest = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            manifest = {rel: (tmp / rel).stat().st_size for rel in names[0]}
             state = {"format": FORMAT, "step": step, "tag": tag, "world_size": self.world_size,
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
-                     **trainer_state, "manifest": manifest}
+                     **trainer_state, "manifest": manifest, HASH_KEY: digests}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
             old = None
             if final.exists():  # a run resumed from an earlier checkpoint reaches this step again
@@ -261,7 +481,8 @@ class CheckpointManager:
         rank_file = tag_dir / f"rank{self.rank:05d}.pt"
         if not rank_file.is_file():
             raise CheckpointError(f"{rank_file} is missing: the checkpoint was written by a different number of ranks")
-        rank_state = _safe_load(rank_file)
+        check_pickles(tag_dir)  # every .pt, before DeepSpeed's own torch.load(weights_only=False) reads one
+        rank_state = safe_torch_load(rank_file, deepspeed_types=False)
         try:
             path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=False, load_module_strict=True)
@@ -274,5 +495,7 @@ class CheckpointManager:
         return rank_state
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "resolve_resume", "read_state",
-           "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for"]
+__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "resolve_resume", "find_resume",
+           "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
+           "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",
+           "safe_torch_load", "deepspeed_safe_globals"]

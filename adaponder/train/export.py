@@ -4,12 +4,19 @@ The folder holds ``config.json`` (with ``auto_map``), the weights (safetensors),
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without adaponder) and the
 tokenizer (``PreTrainedTokenizerFast``), so ``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``
 loads it directly.
+
+An offline export (:func:`export_checkpoint`) first checks the checkpoint (every file's recorded size and
+SHA-256; every ``.pt`` unpickled weights-only before ``zero_to_fp32`` sees it), refuses a non-empty output
+folder unless ``overwrite``, and writes into a temporary sibling folder ``.NAME.tmp-<pid>`` that replaces the
+output folder only once complete.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,17 +65,27 @@ def save_hf(model, state_dict: dict[str, torch.Tensor] | None, out_dir: str | Pa
     return out
 
 
-def state_dict_from_checkpoint(tag_dir: str | Path) -> dict[str, torch.Tensor]:
-    """fp32 weights of a training checkpoint folder (``stepNNNNNNNN``), consolidated from ZeRO shards."""
-    from .checkpoint import CheckpointError, read_state
+class ExportError(RuntimeError):
+    """The output folder cannot be written as asked (not empty without ``overwrite``, holds the checkpoint...)."""
+
+
+def state_dict_from_checkpoint(tag_dir: str | Path, verify: bool = True) -> dict[str, torch.Tensor]:
+    """fp32 weights of a training checkpoint folder (``stepNNNNNNNN``), consolidated from ZeRO shards.
+
+    With ``verify`` the files must have their recorded sizes and SHA-256 first; every ``.pt`` is unpickled
+    weights-only (DeepSpeed's types allowed) before DeepSpeed's ``zero_to_fp32`` loads it unrestricted."""
+    from .checkpoint import CheckpointError, check_pickles, read_state, safe_torch_load, verify_files
 
     tag_dir = Path(tag_dir)
     state = read_state(tag_dir)
+    if verify:
+        verify_files(tag_dir, state, "cannot export")
     stage = int(state.get("compat", {}).get("zero_stage", 0))
     if stage == 0:
         f = tag_dir / "mp_rank_00_model_states.pt"
-        sd = torch.load(f, map_location="cpu", weights_only=False)["module"]
+        sd = safe_torch_load(f)["module"]
         return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    check_pickles(tag_dir)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     try:
@@ -77,16 +94,68 @@ def state_dict_from_checkpoint(tag_dir: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{tag_dir}: cannot consolidate the ZeRO-{stage} shards ({type(err).__name__}: {err})") from None
 
 
-def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp32") -> Path:
-    """Offline export of a training checkpoint folder to a Hugging Face folder."""
+def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path | None = None) -> Path:
+    """The absolute output folder, after refusing a file, a non-empty folder (unless ``overwrite``), and a
+    folder that holds (or is inside) ``protect`` — replacing it would delete the checkpoint being exported."""
+    out = Path(os.path.abspath(out_dir))
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a folder; expected an empty or new output folder")
+    if protect is not None:
+        src = Path(os.path.abspath(protect))
+        if out == src or out in src.parents or src in out.parents:
+            raise ExportError(f"{out}: the output folder must lie outside the checkpoint {src} "
+                              "(replacing it would delete the checkpoint)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out}: the output folder is not empty; expected an empty or new folder "
+                          "(pass --overwrite to replace it)")
+    return out
+
+
+def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Path:
+    """``write(folder)`` into ``.NAME.tmp-<pid>`` next to ``out_dir``, then rename it to ``out_dir``. An existing
+    ``out_dir`` (empty, or any with ``overwrite``) is first renamed aside to ``.NAME.old-<pid>`` and deleted
+    only once the new folder is in place; a failure while writing leaves ``out_dir`` as it was."""
+    from .checkpoint import _fsync_dir
+
+    out = check_output_dir(out_dir, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        check_output_dir(out, overwrite)  # something may have appeared there meanwhile
+        moved = False
+        if out.exists():
+            os.replace(out, old)
+            moved = True
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if moved:
+                os.replace(old, out)  # put the previous folder back
+            raise
+        _fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp32", overwrite: bool = False) -> Path:
+    """Offline export of a training checkpoint folder to a Hugging Face folder (checked first: see above)."""
     from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 
-    from .checkpoint import read_state
+    from .checkpoint import read_state, verify_files
 
     tag_dir = Path(tag_dir)
+    check_output_dir(out_dir, overwrite, protect=tag_dir.parent)  # before any work
     state = read_state(tag_dir)
+    verify_files(tag_dir, state, "cannot export")
     config = AdaPonderConfig.from_dict(json.loads((tag_dir / "config.json").read_text(encoding="utf-8")))
-    sd = state_dict_from_checkpoint(tag_dir)
+    sd = state_dict_from_checkpoint(tag_dir, verify=False)
     model = AdaPonderForCausalLM(config)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
@@ -95,7 +164,8 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
     extra = {"source_checkpoint": str(tag_dir.resolve()), "step": state.get("step"),
              "tokens_seen": state.get("tokens_seen")}
-    return save_hf(model, None, out_dir, state.get("tokenizer"), extra)
+    return write_atomically(out_dir, lambda tmp: save_hf(model, None, tmp, state.get("tokenizer"), extra), overwrite)
 
 
-__all__ = ["save_hf", "save_tokenizer", "state_dict_from_checkpoint", "export_checkpoint"]
+__all__ = ["save_hf", "save_tokenizer", "state_dict_from_checkpoint", "export_checkpoint", "ExportError",
+           "check_output_dir", "write_atomically"]

@@ -155,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="where to write report.md (default: the model folder)")
     args = p.parse_args(argv)
 
-    from transformers import AutoModelForCausalLM
-
     from adaponder.data.errors import DataError
     from adaponder.data.loader import iter_eval_batches
+    from adaponder.modeling import AdaPonderForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, trust_remote_code=True, dtype=torch.float32)
+    # The installed adaponder classes, never the modeling code saved in the folder (no trust_remote_code).
+    try:
+        model = AdaPonderForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    except (OSError, ValueError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"error: {args.model}: cannot load it as an adaponder model ({reason})", file=sys.stderr)
+        return 2
     try:
         batches = iter_eval_batches(args.data, args.seq_len, args.micro_batch, vocab_size=model.config.vocab_size,
                                     max_batches=args.max_batches)

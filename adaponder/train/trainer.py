@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from . import metrics as M
-from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, has_checkpoint, read_latest,
-                         resolve_resume, rng_state, set_rng_state, validate)
+from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
+                         read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
@@ -144,7 +144,9 @@ class Trainer:
         self.ckpt_dir = cfg.checkpoint_dir
 
         # Resume target first: a fresh run never writes into a folder that holds checkpoints.
-        self.resume_dir = resolve_resume(self.resume_arg, self.ckpt_dir)
+        # (auto: the newest intact checkpoint, every file's SHA-256 checked; a damaged one is named and skipped)
+        self.resume_dir, files_verified = find_resume(
+            self.resume_arg, self.ckpt_dir, notify=lambda line: self.rank == 0 and M.write_console(line))
         if self.resume_dir is None and self.resume_arg in (None, "none") and has_checkpoint(self.ckpt_dir):
             raise CheckpointError(
                 f"{self.ckpt_dir} already holds checkpoints (latest: {read_latest(self.ckpt_dir)}); "
@@ -153,7 +155,8 @@ class Trainer:
         self._setup_data()
         self._setup_model()
         self.compat = self._compat()
-        self.resume_state = validate(self.resume_dir, self.compat) if self.resume_dir is not None else None
+        self.resume_state = (validate(self.resume_dir, self.compat, check_files=not files_verified)
+                             if self.resume_dir is not None else None)
         self._setup_engine()
         self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world_size)
 
@@ -181,6 +184,7 @@ class Trainer:
     def _setup_data(self) -> None:
         cfg = self.cfg
         from adaponder.data.errors import DataError
+        from adaponder.data.prepare import TOKENIZER_FILE
         from adaponder.data.tokenizer import load_tokenizer
 
         path = Path(cfg.data.path)
@@ -193,14 +197,19 @@ class Trainer:
 
                     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
                     prepare(inputs, path, tokenizer=cfg.data.tokenizer, text_field=cfg.data.text_field,
-                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers, progress=False)
+                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers, progress=False,
+                            train_tokenizer=cfg.data.train_tokenizer)
                 except (DataError, ValueError) as e:
                     err = f"preparing data.prepare into {path}: {e}"
             err = _broadcast_error(err)
             if err:
                 raise DataError(err)
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
-        self.tokenizer_path = cfg.data.tokenizer
+        # A tokenizer trained by ``prepare --train-tokenizer`` lives next to the shards and is the default.
+        tokenizer_path = cfg.data.tokenizer
+        if tokenizer_path is None and (path / TOKENIZER_FILE).is_file():
+            tokenizer_path = str(path / TOKENIZER_FILE)
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        self.tokenizer_path = tokenizer_path
 
     def _setup_model(self) -> None:
         cfg = self.cfg
@@ -553,6 +562,13 @@ class Trainer:
                 self._log_eval(final_eval, final=True)
             if getattr(self, "_last_saved", None) != self.step:
                 self.save()
+            if final_eval is not None and not math.isfinite(final_eval["val_loss"]):
+                # A model whose validation loss is not finite is a failed run: no export, no report.
+                msg = (f"stopping: the final validation loss is {final_eval['val_loss']} (expected a finite number) "
+                       f"at step {self.step}; no Hugging Face export was written. The last checkpoint is "
+                       f"{self._last_saved_path}; check the data and the train losses in {cfg.out_dir / 'metrics.jsonl'}.")
+                self.sink.log({"kind": "event", "step": self.step, "event": "nonfinite_final_eval"}, msg)
+                raise TrainingStopped(msg, EXIT_NONFINITE)
             export_dir = self.export_hf(cfg.out_dir / "hf") if cfg.checkpoint.export_hf else None
             wall = time.perf_counter() - t_start
             summary = {"steps": self.step, "tokens_seen": self.tokens_seen, "wall_seconds": wall,
