@@ -160,7 +160,7 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
         problems.append(f"data.vocab: a byte-level BPE vocabulary needs at least 258 entries, got {cfg.data.vocab}")
     if not 0 < cfg.data.val_fraction < 1:
         problems.append(f"data.val_fraction: must lie in (0, 1), got {cfg.data.val_fraction}")
-    if not problems:  # every arm must be a valid training config
+    if base:  # every arm must be a valid training config (reported with the other problems)
         from adaponder.train.config import TrainConfigError, config_from_dict
 
         for arm in arms:

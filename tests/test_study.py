@@ -1,0 +1,131 @@
+"""The evidence study (launch/study.py, issue 12): the quick profile end to end on a tiny corpus, resume arm by
+arm, exact reproduction, the trained tokenizer used from prepare through lm-eval, and config errors."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong"]
+
+
+def _tiny_corpus(folder: Path) -> Path:
+    """Six small documents cut from the bundled Alice in Wonderland (CRLF endings kept)."""
+    text = gzip.decompress((REPO / "adaponder" / "assets" / "corpus" / "11-0.txt.gz").read_bytes()).decode("utf-8")
+    folder.mkdir(parents=True)
+    for i in range(6):
+        (folder / f"part{i}.txt").write_text(text[20000 + i * 12000: 20000 + (i + 1) * 12000], encoding="utf-8",
+                                             newline="")
+    return folder
+
+
+def _study(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "launch" / "study.py"), "--config", str(REPO / "configs/study/cpu.yaml"),
+           "--profile", "quick", "--corpus", str(tmp / "corpus"),
+           "--set", f"study.runs_dir={tmp / 'runs'}", "--set", f"study.results_dir={tmp / 'results'}",
+           "--set", f"study.report={tmp / 'study.md'}", "--set", "base.train.tokens=2048",
+           "--set", "data.vocab=300", "--set", "base.model.vocab_size=300", "--set", "data.val_fraction=0.34",
+           *extra]
+    env = {**__import__("os").environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    _tiny_corpus(tmp / "corpus")
+    proc = _study(tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, proc
+
+
+def test_quick_profile_trains_and_reports_every_arm(study):
+    tmp, proc = study
+    results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
+    expected = {f"{a}-s1234" for a in ARMS} | {f"{a}-s4321" for a in ("vanilla", "ponderlm", "adaponder-paper")}
+    assert set(results) == expected
+    for res in results.values():
+        assert res["train"]["tokens"] == 2048 and res["heldout"]["tokens"] > 0
+        assert res["heldout"]["ppl"] > 1
+    # same budget and data for every arm; the pause arm pays for its (P+1)× sequence, vanilla is cheapest
+    flops = {k: v["heldout"]["flops"]["total"] for k, v in results.items()}
+    assert min(flops, key=flops.get).startswith("vanilla")
+    assert flops["pause-s1234"] > 3 * flops["vanilla-s1234"]
+    gated = results["adaponder-strong-s1234"]
+    assert [r["tau"] for r in gated["tau_dial"]] == [1e-4, 0.1, 0.3]
+    assert len(gated["nll_by_exit_pass"]) == 4
+    report = (tmp / "study.md").read_text()
+    for arm in ARMS:
+        assert f"| {arm} | 1234 |" in report
+    assert "The paper's claims at this scale" in report and "python launch/study.py" in report
+    for png in ("pareto.png", "training_curves.png", "exit_histograms.png", "nll_by_exit_pass.png"):
+        assert (tmp / "results" / png).stat().st_size > 10_000
+
+
+def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
+    tmp, _ = study
+    before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
+    again = _study(tmp)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 9
+    # forget one arm completely (result and run folder): training it again gives the same figures
+    import shutil
+
+    (tmp / "results" / "vanilla-s1234.json").unlink()
+    shutil.rmtree(tmp / "runs" / "vanilla-s1234")
+    third = _study(tmp)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.count("== training") == 1
+    after = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
+    assert after["heldout"] == before["heldout"]
+    assert [c["lm_loss"] for c in after["train"]["curve"]] == [c["lm_loss"] for c in before["train"]["curve"]]
+
+
+def test_trained_tokenizer_is_used_from_prepare_to_lm_eval(study, shared_data):
+    """prepare --train-tokenizer → train → export → lm-eval on the exported checkpoint, all with the 300-entry BPE."""
+    tmp, _ = study
+    data = next((tmp / "runs").glob("data-*"))
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["vocab_size"] == 300 and meta["tokenizer"]["trained_on"] == "train split"
+    ckpt = tmp / "runs" / "adaponder-strong-s1234" / "hf"
+    from transformers import AutoTokenizer
+
+    from adaponder.data import load_tokenizer
+
+    ours = load_tokenizer(data / "tokenizer.json")
+    exported = AutoTokenizer.from_pretrained(ckpt)
+    sample = (tmp / "corpus" / "part0.txt").read_text(encoding="utf-8")
+    assert exported(sample, add_special_tokens=False)["input_ids"] == ours.encode(sample)
+    assert ours.decode(ours.encode(sample)) == sample  # byte-level: lossless, CRLF included
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import adaponder.evaluation.lm_eval_model  # noqa: F401  (registers "adaponder")
+
+    if not (shared_data / "eval" / "lambada_openai").is_dir():
+        pytest.skip("lm-eval task data not found")
+    res = simple_evaluate(model="adaponder", model_args=f"checkpoint={ckpt}", tasks=["adaponder_lambada_openai"],
+                          limit=4, batch_size=4, device="cpu",
+                          task_manager=TaskManager(include_path=str(REPO / "eval" / "tasks")), bootstrap_iters=0)
+    assert res["results"]["adaponder_lambada_openai"]["sample_len"] == 4
+    assert res["config"]["adaponder"]["scored"]["tokens"] >= 4
+
+
+def test_study_config_errors_name_every_key(tmp_path):
+    from adaponder.study import StudyConfigError, load_study_config
+
+    bad = tmp_path / "bad.yaml"
+    raw = (REPO / "configs/study/cpu.yaml").read_text()
+    bad.write_text(raw.replace("  vocab: 4096", "  vocab: 4096\n  vocabulary: 5").replace(
+        "loop: {model.mode: loop}", "loop: {model.mode: looped}"))
+    with pytest.raises(StudyConfigError) as err:
+        load_study_config(bad)
+    msg = str(err.value)
+    assert "data.vocabulary" in msg and "arms.loop" in msg and "'mode' must be one of" in msg
+    with pytest.raises(StudyConfigError, match="profile 'huge' is not defined"):
+        load_study_config(REPO / "configs/study/cpu.yaml", profile="huge")
