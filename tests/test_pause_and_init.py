@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_config
+from conftest import REPO, tiny_config
 
 
 def _model(mode="pause", seed=0, **overrides):
@@ -158,3 +158,16 @@ def test_hf_init_is_unchanged_by_default():
     model = _model("adaponder", hidden_size=128, vocab_size=1000)
     assert model.config.init == "hf"
     assert abs(model.gpt_neox.layers[0].attention.dense.weight.std().item() - 0.02) < 0.002
+
+
+def test_training_config_checks_sequence_length_against_positions():
+    """data.seq_len × (1 + pauses) must fit model.max_position_embeddings; the error names both keys."""
+    from adaponder.train.config import TrainConfigError, load_config
+
+    with pytest.raises(TrainConfigError) as err:
+        load_config(REPO / "configs/tiny.yaml", ["data.seq_len=512"])
+    assert "data.seq_len: 512 tokens exceed model.max_position_embeddings (256)" in str(err.value)
+    with pytest.raises(TrainConfigError) as err:
+        load_config(REPO / "configs/tiny.yaml", ["model.mode=pause", "model.passes=1"])
+    assert "128 tokens × (1 + 3 pauses) = 512 positions exceed model.max_position_embeddings (256)" in str(err.value)
+    assert load_config(REPO / "configs/tiny.yaml", ["model.mode=pause", "model.passes=1", "model.pause_tokens=1"])
