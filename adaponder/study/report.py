@@ -114,16 +114,22 @@ def _color(i: int) -> str:
     return plt.get_cmap("tab10")(i % 10)
 
 
-def pareto_png(results: Sequence[Mapping], path: Path, data_note: str) -> Path:
+def pareto_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
     """Held-out perplexity vs inference FLOPs/token: every arm and seed, each gated arm's τ dial (line)
     and its fixed-pruning controls (hollow markers, drawn on top)."""
     fig, ax = plt.subplots(figsize=(8.0, 5.6))
     arms = list(dict.fromkeys(r["arm"] for r in results))
+    first_seed = min(r["seed"] for r in results)
     for i, arm in enumerate(arms):
         for r in (x for x in results if x["arm"] == arm):
             h = r["heldout"]
-            ax.scatter(_mflops(h), h["ppl"], marker=_MARKERS.get(r["mode"], "o"), s=90, color=_color(i), zorder=3,
-                       edgecolor="black", linewidth=0.5, label=f"{arm_id(arm, r['seed'])}")
+            # Arms of equal cost share an x position: distinct shapes, a repeat seed hollow, all translucent,
+            # so a marker under another stays visible.
+            filled = r["seed"] == first_seed
+            ax.scatter(_mflops(h), h["ppl"], marker=_MARKERS.get(r["mode"], "o"), s=110 if filled else 150,
+                       facecolors=_color(i) if filled else "none", edgecolors=_color(i) if not filled else "black",
+                       linewidths=0.6 if filled else 1.6, alpha=0.75, zorder=3,
+                       label=f"{arm_id(arm, r['seed'])}")
             if _gated(r):
                 dial = r.get("tau_dial") or []
                 if dial:
@@ -141,11 +147,11 @@ def pareto_png(results: Sequence[Mapping], path: Path, data_note: str) -> Path:
     ax.set_title("Perplexity vs inference compute (lower left is better)", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, data_note, fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, data_note(results), fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path, bottom=0.14)
 
 
-def nll_by_exit_png(results: Sequence[Mapping], path: Path, data_note: str) -> Path | None:
+def nll_by_exit_png(results: Sequence[Mapping], path: Path, data_note) -> Path | None:
     gated = [r for r in results if _gated(r) and r.get("nll_by_exit_pass")]
     if not gated:
         return None
@@ -167,11 +173,11 @@ def nll_by_exit_png(results: Sequence[Mapping], path: Path, data_note: str) -> P
     ax.set_title("Mean NLL of tokens by exit pass (learned gates, τ as trained)", fontsize=11)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.text(0.01, 0.01, data_note, fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, data_note(gated), fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path, bottom=0.16)
 
 
-def exit_histograms_png(results: Sequence[Mapping], path: Path, data_note: str) -> Path | None:
+def exit_histograms_png(results: Sequence[Mapping], path: Path, data_note) -> Path | None:
     gated = [r for r in results if _gated(r)]
     if not gated:
         return None
@@ -195,11 +201,11 @@ def exit_histograms_png(results: Sequence[Mapping], path: Path, data_note: str) 
     ax.set_title("Exit-pass histograms: learned gates and the fixed-pruning controls", fontsize=11)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(axis="y", alpha=0.3)
-    fig.text(0.01, 0.01, data_note, fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, data_note(gated), fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path, bottom=0.16)
 
 
-def training_curves_png(results: Sequence[Mapping], path: Path, data_note: str) -> Path:
+def training_curves_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
     fig, ax = plt.subplots(figsize=(8.0, 4.8))
     arms = list(dict.fromkeys(r["arm"] for r in results))
     seeds = sorted({r["seed"] for r in results})
@@ -214,7 +220,7 @@ def training_curves_png(results: Sequence[Mapping], path: Path, data_note: str) 
     ax.set_title("Training curves (dashed: second seed)", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, data_note, fontsize=7, ha="left", va="bottom", wrap=True)
+    fig.text(0.01, 0.01, data_note(results), fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path, bottom=0.14)
 
 
@@ -237,11 +243,14 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     out = Path(cfg.study.report)
     figs = Path(cfg.study.results_dir)
     rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix() if p else None  # noqa: E731
-    ckpts = ", ".join(sorted({r["checkpoint"] for r in results}))
     corpus = ", ".join(cfg.data.corpus)
-    data_note = (f"Data: {corpus} ({data_meta.get('documents')} documents; held out: "
-                 f"{data_meta.get('val_documents')} whole documents, {cfg.eval.max_tokens_per_doc or 'all'} tokens "
-                 f"each). Checkpoints: {ckpts}")
+
+    def data_note(shown: Sequence[Mapping]) -> str:
+        ckpts = ", ".join(sorted({r["checkpoint"] for r in shown}))
+        return (f"Data: {corpus} ({data_meta.get('documents')} documents; held out whole: "
+                f"{data_meta.get('val_documents')}, first {cfg.eval.max_tokens_per_doc or 'all'} tokens of each). "
+                f"Checkpoints: {ckpts}")
+
     plots = {
         "pareto": pareto_png(results, figs / "pareto.png", data_note) if results else None,
         "nll": nll_by_exit_png(results, figs / "nll_by_exit_pass.png", data_note),
