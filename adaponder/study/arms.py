@@ -138,9 +138,11 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         pruning = {}
         for rule in ("uniform", "geometric"):
             if 1.0 < mean_exit < K:
-                policy = make_policy(rule, K, mean_exit, seed=cfg.eval.pruning_seed)
-                pruning[rule] = _clean(summarize(score_documents(model, docs, halting_policy=policy, **score_kw),
-                                                 docs, model))
+                runs = [summarize(score_documents(model, docs, halting_policy=make_policy(rule, K, mean_exit, seed=s),
+                                                  **score_kw), docs, model) for s in cfg.eval.pruning_seeds]
+                # the first seed's full summary, plus every seed's perplexity (the control's own noise)
+                pruning[rule] = _clean({**runs[0], "ppl_seeds": [r["ppl"] for r in runs],
+                                        "mean_exit_seeds": [r["mean_exit"] for r in runs]})
         out["fixed_pruning"] = pruning
         out["tau_dial"] = _clean(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
         # Reference points on the same trained model: no halting (every token runs K passes).

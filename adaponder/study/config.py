@@ -63,8 +63,8 @@ class EvalSection:
     batch_size: int = 16
     #: τ values of the compute dial (adaponder arms).
     taus: list[float] = field(default_factory=lambda: [1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5])
-    #: Seed of the fixed-pruning controls' random halting.
-    pruning_seed: int = 0
+    #: Seeds of the fixed-pruning controls' random halting (their spread is the control's own noise).
+    pruning_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
 
 
 SECTIONS = {"study": StudySection, "data": DataSection, "eval": EvalSection}
