@@ -24,7 +24,10 @@ __all__ = ["ConfigError", "type_name", "coerce", "build_section", "parse_overrid
 
 
 class ConfigError(ValueError):
-    """Every problem of a configuration, listed at once, naming the file and key paths."""
+    """Every problem of a configuration, listed at once, naming the file and key paths.
+
+    The model configuration's ``AdaPonderConfigError`` has the same interface but stays a separate class
+    (see its docstring): catch both, or ``ValueError``."""
 
     #: What the configuration configures, for the message ("the training configuration").
     what = "the configuration"

@@ -1,7 +1,7 @@
 """Benchmark ``adaponder.data.prepare``: 1 vs 2 tokenization processes, plus an exactness check.
 
-Prepares the 54 Project Gutenberg books of the offline data pack (``../shared/data/corpus/gutenberg``
-relative to the repository root) with the bundled Pythia tokenizer, once with ``num_workers=1`` and once
+Prepares the 54 Project Gutenberg books of the offline data pack (``--inputs``, default
+``$ADAPONDER_SHARED_DATA/corpus/gutenberg``) with the bundled Pythia tokenizer, once with ``num_workers=1`` and once
 with ``num_workers=2``, prints tokens/s for each and the speed-up, and checks that
 
 - both runs wrote byte-identical shards, and
@@ -32,7 +32,9 @@ sys.path.insert(0, str(REPO))
 from adaponder.data.prepare import prepare  # noqa: E402
 from adaponder.data.tokenizer import load_tokenizer  # noqa: E402
 
-DEFAULT_INPUT = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
+# No default outside the checkout: the data pack's location comes from the environment (or --inputs).
+DEFAULT_INPUT = (Path(os.environ["ADAPONDER_SHARED_DATA"]) / "corpus" / "gutenberg"
+                 if os.environ.get("ADAPONDER_SHARED_DATA") else None)
 
 
 def direct_token_count(inputs: list[str]) -> tuple[int, int, float]:
@@ -74,7 +76,9 @@ def machine_busy_fraction(seconds: float = 1.0) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--inputs", nargs="+", default=[str(DEFAULT_INPUT)])
+    ap.add_argument("--inputs", nargs="+", default=[str(DEFAULT_INPUT)] if DEFAULT_INPUT else None,
+                    required=DEFAULT_INPUT is None,
+                    help="the corpus (default: $ADAPONDER_SHARED_DATA/corpus/gutenberg)")
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--repeats", type=int, default=2, help="runs per setting (alternating); best wall time counts")
     ap.add_argument("--no-check", action="store_true", help="skip the direct-tokenization exactness check")

@@ -9,7 +9,8 @@ For each task and seed it runs :func:`adaponder.palbert.finetune.run_finetune` (
 * acceptance 4: time per example with Q-exit falls with the mean exit pass — measured speed-up over
   always-last divided by the ideal N / mean exit pass is >= 0.8 at batch 32.
 
-Writes ``<out>/<task>-s<seed>/results.{json,md}`` and ``<out>/summary.{json,md}``::
+Writes ``<out>/<task>-s<seed>/results.{json,md}`` and ``<out>/summary.{json,md}``. Each run continues from
+its own checkpoints (``--resume auto``), so a sweep stopped by SIGTERM/Ctrl-C picks up where it was::
 
     python eval/palbert_sweep.py --out runs/palbert_sweep            # defaults below: ~1 h on 2 CPU cores
     python eval/palbert_sweep.py --tasks sst2 --seeds 0 --set train.max_examples=1000   # a quick look
@@ -144,12 +145,13 @@ def main(argv=None) -> int:
     ap.add_argument("--init", default="tiny-random")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--reuse", action="store_true", help="skip runs whose results.json exists")
+    ap.add_argument("--reuse", action="store_true", help="skip runs whose results.json is complete")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
     from adaponder.palbert.config import load_finetune_config
     from adaponder.palbert.finetune import run_finetune
+    from adaponder.train.trainer import TrainingStopped
 
     out = Path(args.out)
     summaries = []
@@ -159,12 +161,19 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 run_dir = out / (f"{task}-s{seed}" if method == "palbert" else f"{task}-{method}-s{seed}")
                 if args.reuse and (run_dir / "results.json").is_file():
-                    runs.append(json.loads((run_dir / "results.json").read_text()))
-                    continue
+                    done = json.loads((run_dir / "results.json").read_text())
+                    if done.get("complete", True):
+                        runs.append(done)
+                        continue
                 sets = [*COMMON, *PER_TASK.get(task, []), f"model.method={method}", f"train.seed={seed}",
                         *args.overrides]
                 cfg = load_finetune_config(REPO / "configs" / "glue" / f"{task}.yaml", sets)
-                runs.append(run_finetune(cfg, init=args.init, data_dir=args.data_dir, output=run_dir))
+                try:
+                    runs.append(run_finetune(cfg, init=args.init, data_dir=args.data_dir, output=run_dir,
+                                             resume="auto"))
+                except TrainingStopped as stop:
+                    print(stop, file=sys.stderr)
+                    return stop.exit_code
             summaries.append(summarise(task, runs))
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

@@ -4,4 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+# Data locations have no defaults outside the checkout; the tests use the offline data pack beside it.
+SHARED="${ADAPONDER_SHARED_DATA:-$(cd .. && pwd)/shared/data}"
+export ADAPONDER_SHARED_DATA="$SHARED" ADAPONDER_EVAL_DATA="${ADAPONDER_EVAL_DATA:-$SHARED/eval}" \
+  ADAPONDER_GLUE_DIR="${ADAPONDER_GLUE_DIR:-$SHARED/glue}"
 exec "${ADAPONDER_VENV:-.venv}/bin/python" -m pytest -q "$@"

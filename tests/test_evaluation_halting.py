@@ -8,9 +8,10 @@ import torch
 
 from adaponder.evaluation.accounting import exit_histogram, flops_summary
 from adaponder.evaluation.dial import parse_taus, sweep_tau
-from adaponder.evaluation.halting import nll_by_exit_pass, read_token_dump, write_token_dump
+from adaponder.evaluation.halting import nll_by_exit_pass
 from adaponder.evaluation.perplexity import Document, TokenScores
-from test_evaluation_fixtures import tiny_tokenizer
+from adaponder.evaluation.token_dump import read_token_dump, write_token_dump
+from helpers_evaluation import tiny_tokenizer
 
 
 def _scores():

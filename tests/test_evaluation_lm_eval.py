@@ -10,9 +10,18 @@ import sys
 import pytest
 
 from conftest import REPO, SHARED_DATA
-from test_evaluation_fixtures import subprocess_env, tiny_checkpoint
+from helpers_evaluation import subprocess_env, tiny_checkpoint
 
 TASK = "adaponder_lambada_openai"
+
+
+def test_fixture_checkpoint_round_trips(tmp_path_factory):
+    from adaponder.modeling import AdaPonderForCausalLM
+
+    path = tiny_checkpoint(tmp_path_factory)
+    model = AdaPonderForCausalLM.from_pretrained(path)
+    assert model.config.halting_threshold == 0.5 and model.config.passes == 4 and len(model.gates) == 3
+    assert (path / "tokenizer.json").is_file()
 
 
 @pytest.fixture(scope="module")

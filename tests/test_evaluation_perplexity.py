@@ -17,7 +17,7 @@ from adaponder.evaluation.perplexity import (
     sliding_windows,
     summarize,
 )
-from test_evaluation_fixtures import tiny_model, tiny_tokenizer
+from helpers_evaluation import tiny_model, tiny_tokenizer
 
 TEXT = "The café served crème brûlée 🍮 to forty-two guests.\nThen it closed; nobody knew why.\n"
 

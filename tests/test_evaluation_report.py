@@ -6,7 +6,7 @@ import matplotlib.image as mpimg
 import pytest
 
 from conftest import SHARED_DATA
-from test_evaluation_fixtures import tiny_checkpoint
+from helpers_evaluation import tiny_checkpoint
 
 TEXT = ("The old lighthouse keeper climbed the stairs every evening. He lit the lamp, wrote the weather in "
         "his log and watched the ships pass the rocks. One night the lamp failed, and he kept a fire burning "
@@ -44,11 +44,69 @@ def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
 
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["halting_threshold"] == 0.5
-    n_tokens = results["learned"]["tokens"]
-    assert len((out / "tokens.tsv").read_text(encoding="utf-8").splitlines()) == n_tokens + 1
-    target = results["target"]
-    assert target == pytest.approx(results["learned"]["mean_exit"])
+    rows = (out / "tokens.tsv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].split("\t") == ["doc", "position", "token_id", "token", "exit_pass", "nll"]
+    exits = [int(r.split("\t")[4]) for r in rows[1:]]
+    assert results["learned"]["tokens"] == len(exits) > 0
+    # The learned policy's numbers and the iso-FLOPs target, recomputed from the per-token dump.
+    assert results["learned"]["exit_histogram"] == [exits.count(k) for k in range(1, 5)]
+    assert results["learned"]["mean_exit"] == pytest.approx(sum(exits) / len(exits))
+    assert results["target"] == pytest.approx(sum(exits) / len(exits))
+    for rule in ("uniform", "geometric"):  # each fixed-pruning policy is built for that mean
+        assert results["iso"][rule]["target_mean_exit"] == pytest.approx(sum(exits) / len(exits))
     assert [r["tau"] for r in results["dial"]] == [0.3, 0.5, 0.7]
     assert {(r["task"], r["num_fewshot"]) for r in results["lm_eval"]} == {
         (t, n) for t in ("adaponder_lambada_openai", "adaponder_piqa") for n in (0, 5)}
     assert all("error" not in r and r["metrics"] for r in results["lm_eval"])
+
+
+def test_help_states_the_report_defaults():
+    from adaponder.evaluation.report import DEFAULT_MAX_TOKENS, build_parser
+
+    helps = {a.dest: a.help for a in build_parser()._actions}  # reading the parser, not editing it
+    assert helps["max_tokens"] == f"cap on scored tokens per --data entry (default {DEFAULT_MAX_TOKENS}; 0 = all)"
+    assert helps["data"].startswith("text files/folders") and "(default: " in helps["data"]
+
+
+class _FakeLM:
+    def __init__(self, **kwargs):
+        pass
+
+    def reset_halting_stats(self):
+        pass
+
+    def halting_summary(self):
+        return {}
+
+
+class _FakeTasks:
+    all_tasks = ["ok_task", "missing_data", "buggy"]
+
+
+def test_lm_eval_missing_data_is_a_row_and_a_bug_propagates(monkeypatch):
+    """Only a task whose data file is missing becomes a table row; any other error fails the report."""
+    pytest.importorskip("lm_eval")
+    import lm_eval
+
+    import adaponder.evaluation.lm_eval_model as lm_eval_model
+    from adaponder.evaluation.report import run_lm_eval, unknown_tasks
+    from adaponder.evaluation.settings import RecurrenceSettings
+
+    def simple_evaluate(tasks, **kwargs):
+        if tasks == ["missing_data"]:
+            raise FileNotFoundError("/nowhere/lambada_test.jsonl not found")
+        if tasks == ["buggy"]:
+            raise ZeroDivisionError("a bug")
+        return {"results": {tasks[0]: {"acc,none": 0.5, "acc_stderr,none": 0.1, "sample_len": 3}}}
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
+    monkeypatch.setattr(lm_eval_model, "AdaPonderLM", _FakeLM)
+    settings = RecurrenceSettings(checkpoint="ckpt", mode="adaponder", passes=4, trained_passes=4,
+                                  halting_threshold=0.5)
+    kw = dict(shots=[0], limit=3, batch_size=1, include_path=None, seed=0, bootstrap_iters=0, tm=_FakeTasks())
+    rows = run_lm_eval("ckpt", settings, ["ok_task", "missing_data"], **kw)
+    assert rows[0]["metrics"] == {"acc": (0.5, 0.1)} and "error" not in rows[0]
+    assert rows[1]["error"] == "FileNotFoundError: /nowhere/lambada_test.jsonl not found"
+    with pytest.raises(ZeroDivisionError):
+        run_lm_eval("ckpt", settings, ["ok_task", "buggy"], **kw)
+    assert unknown_tasks(["ok_task", "typo", "buggy"], _FakeTasks()) == ["typo"]

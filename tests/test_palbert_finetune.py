@@ -2,7 +2,9 @@
 
 The smoke runs use ``--init tiny-random`` with a small loop-mode core on tiny GLUE subsets from
 ../shared/data/glue; they check that the pipeline completes and reports every exit rule, not accuracy
-(the CPU fine-tunes of acceptance 3–4 are reproduced by eval/palbert_sweep.py).
+(the CPU fine-tunes of acceptance 3–4 are reproduced by eval/palbert_sweep.py). They run in a worker
+process (fine-tuning joins a process group; see tests/helpers_finetune.py). Checkpoints, resume,
+signals and ZeRO-3 are in tests/test_finetune_resume.py.
 """
 
 import json
@@ -15,19 +17,20 @@ import torch
 
 from adaponder.palbert.config import FinetuneConfigError, load_finetune_config
 from adaponder.palbert.finetune import load_glue_tokenizer, results_markdown
+from helpers_finetune import SMOKE, FinetuneWorker, deepspeed_finetune, finetune_argv, free_port, sets
+from helpers_train import cpu_env
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs" / "glue").glob("*.yaml"))
 
-# A small, cheap core for smoke runs: loop feedback (no 50k-vocab pondering product), one layer, width 64.
-SMOKE = ["model.core_mode=loop", "model.random_shape={hidden_size: 64, num_hidden_layers: 1, "
-         "num_attention_heads: 4, intermediate_size: 128}", "train.lr=1e-3", "train.lambda_lr=1e-3",
-         "train.max_examples=64", "train.epochs=1", "train.eval_every=1", "train.log_every=0",
-         "eval.max_examples=48", "eval.sample_draws=2", "timing.max_examples=8", "timing.repeats=1",
-         "timing.batch_sizes=[1, 8]", "train.threads=1", "timing.threads=1"]
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.one_thread
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = FinetuneWorker()
+    yield w
+    w.close()
 
 
 def launcher_main():
@@ -40,12 +43,10 @@ def launcher_main():
     return module.main
 
 
-def run_cli(tmp_path, task, extra=(), init="tiny-random"):
-    main = launcher_main()
-    sets = [a for s in [*SMOKE, *extra] for a in ("--set", s)]
+def run_cli(worker, tmp_path, task, extra=(), init="tiny-random"):
     out = tmp_path / task
-    rc = main(["--config", str(REPO / "configs" / "glue" / f"{task}.yaml"), "--init", init,
-               "--output", str(out), *sets])
+    rc, log = worker.run(finetune_argv(task, out, *extra, init=init))
+    assert rc == 0, log[-3000:]
     return rc, out
 
 
@@ -71,6 +72,26 @@ def test_config_errors_list_every_problem(tmp_path):
     assert len(err.value.problems) == 8
 
 
+def test_deepspeed_section_is_typed_and_names_bad_keys():
+    """The pretraining config's DeepSpeedConfig with fine-tuning defaults; unknown keys and bad values named."""
+    rte = REPO / "configs/glue/rte.yaml"
+    ds = load_finetune_config(rte).deepspeed
+    assert (ds.zero_stage, ds.precision, ds.offload_optimizer, ds.overrides) == (0, "fp32", "none", {})
+    overrides = "deepspeed.overrides={zero_optimization: {stage3_max_live_parameters: 1000}}"
+    ds = load_finetune_config(rte, ["deepspeed.zero_stage=3", "deepspeed.precision=bf16", overrides]).deepspeed
+    assert ds.zero_stage == 3 and ds.precision == "bf16" and ds.overrides["zero_optimization"]
+    with pytest.raises(FinetuneConfigError) as err:
+        load_finetune_config(rte, ["deepspeed.zero_stage=4", "deepspeed.stage=3", "deepspeed.precision=fp8",
+                                   "deepspeed.offload_param=cpu", "deepspeed.zero_optimization={stage: 3}",
+                                   "checkpoint.keep=0"])
+    msg = str(err.value)
+    for needle in ("deepspeed.stage: unknown key (known: zero_stage, precision,",
+                   "deepspeed.zero_optimization: unknown key", "raw DeepSpeed settings go under deepspeed.overrides",
+                   "deepspeed.zero_stage: must be 0, 1, 2 or 3", "deepspeed.precision: must be 'fp32' | 'bf16' | 'fp16'",
+                   "deepspeed.offload_param: needs zero_stage 3", "checkpoint.keep: must be >= 1"):
+        assert needle in msg, (needle, msg)
+
+
 def test_cli_reports_config_errors(tmp_path, capsys):
     main = launcher_main()
 
@@ -88,10 +109,11 @@ def test_tokenizer_and_separator():
     assert tok.ids("hello") == tok.encode("hello")
 
 
-def test_finetune_smoke_sst2_writes_every_exit_rule(tmp_path, shared_data):
-    rc, out = run_cli(tmp_path, "sst2", ["train.save_model=true"])
+def test_finetune_smoke_sst2_writes_every_exit_rule(worker, tmp_path, shared_data):
+    rc, out = run_cli(worker, tmp_path, "sst2", ["train.save_model=true"])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
+    assert res["complete"] and res["phases"] == ["train", "dev", "online", "timing"]
     rules = res["dev"]["rules"]
     assert set(rules) == {"q", "sample", "expectation", "last", "pabee"}
     n = res["num_passes"]
@@ -114,7 +136,7 @@ def test_finetune_smoke_sst2_writes_every_exit_rule(tmp_path, shared_data):
     assert (out / "model" / "config.json").is_file()
 
 
-def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(tmp_path, shared_data):
+def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(worker, tmp_path, shared_data):
     """A sentence-pair task, the PABEE baseline, and --init from a GPT-NeoX checkpoint directory."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
@@ -122,8 +144,8 @@ def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(tmp_path, shared_data
     ckpt = tmp_path / "neox"
     GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                      intermediate_size=64, vocab_size=50304)).save_pretrained(ckpt)
-    rc, out = run_cli(tmp_path, "rte", ["model.method=pabee", "model.passes=3", "data.max_length=64",
-                                        "timing.enabled=false"], init=str(ckpt))
+    rc, out = run_cli(worker, tmp_path, "rte", ["model.method=pabee", "model.passes=3", "data.max_length=64",
+                                                "timing.enabled=false"], init=str(ckpt))
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["method"] == "pabee" and res["core_mode"] == "loop" and res["select_rule"] == "pabee"
@@ -131,8 +153,8 @@ def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(tmp_path, shared_data
     assert res["online"]["exit_agreement"] == 1.0
 
 
-def test_finetune_smoke_stsb_regression(tmp_path, shared_data):
-    rc, out = run_cli(tmp_path, "stsb", ["data.max_length=64", "timing.batch_sizes=[4]"])
+def test_finetune_smoke_stsb_regression(worker, tmp_path, shared_data):
+    rc, out = run_cli(worker, tmp_path, "stsb", ["data.max_length=64", "timing.batch_sizes=[4]"])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert res["main_metric"] == "combined_score" and res["majority_baseline"] is None
@@ -144,10 +166,10 @@ def test_finetune_smoke_stsb_regression(tmp_path, shared_data):
 def test_cli_runs_as_a_script(tmp_path, shared_data):
     """The launcher as users call it (fresh interpreter, argument parsing, exit code)."""
     out = tmp_path / "wnli"
-    sets = [a for s in [*SMOKE, "timing.enabled=false", "eval.rules=[q, last]"] for a in ("--set", s)]
     proc = subprocess.run([sys.executable, str(REPO / "launch" / "finetune_glue.py"), "--config",
                            str(REPO / "configs/glue/wnli.yaml"), "--init", "tiny-random", "--output", str(out),
-                           *sets], capture_output=True, text=True, timeout=300)
+                           *sets(*SMOKE, "timing.enabled=false", "eval.rules=[q, last]")],
+                          capture_output=True, text=True, timeout=600, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert set(res["dev"]["rules"]) == {"q", "last"}
@@ -158,22 +180,11 @@ def test_cli_runs_as_a_script(tmp_path, shared_data):
 @pytest.mark.deepspeed
 def test_finetune_under_deepspeed_two_ranks(tmp_path, shared_data):
     """Data parallel through DeepSpeed's engine (ZeRO stage 0, gloo on CPU): two ranks each take half of
-    every batch of 32; rank 0 evaluates and writes the results."""
-    import socket
-
-    launcher = Path(sys.executable).parent / "deepspeed"
-    if not launcher.exists():
-        pytest.skip("deepspeed launcher not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    every batch of 32 and half of the dev set; rank 0 writes the results."""
     out = tmp_path / "ds"
-    sets = [a for s in [*SMOKE, "timing.enabled=false", "eval.rules=[q, last]"] for a in ("--set", s)]
-    proc = subprocess.run([str(launcher), "--num_gpus", "2", "--master_port", str(port),
-                           str(REPO / "launch" / "finetune_glue.py"), "--deepspeed", "--config",
-                           str(REPO / "configs/glue/sst2.yaml"), "--init", "tiny-random", "--output", str(out),
-                           *sets], capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    code, log = deepspeed_finetune(finetune_argv("sst2", out, "timing.enabled=false", "eval.rules=[q, last]"), 2,
+                                   free_port())
+    assert code == 0, log[-4000:]
     res = json.loads((out / "results.json").read_text())
     assert res["train"]["world_size"] == 2 and res["train"]["steps"] == 2
     assert set(res["dev"]["rules"]) == {"q", "last"}

@@ -21,7 +21,7 @@ import torch
 
 from adaponder.train.checkpoint import (FORMAT, HASH_KEY, STATE_FILE, file_sha256, integrity_problems,
                                         read_state, safe_torch_load)
-from adaponder.train.testing import REPO, LauncherWorker, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import REPO, LauncherWorker, read_metrics, tiny_data, tiny_train_config, write_config
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from adaponder.train.testing import REPO, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import REPO, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
 
 _DRIVER = r"""
 import sys

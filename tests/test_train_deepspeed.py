@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from adaponder.train.testing import deepspeed_launch, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import deepspeed_launch, read_metrics, tiny_data, tiny_train_config, write_config
 
 pytestmark = pytest.mark.deepspeed
 

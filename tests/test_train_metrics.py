@@ -30,7 +30,33 @@ def test_throughput_and_mfu():
     t = M.Throughput(train_flops_per_token=1e9, peak_flops_per_device=1e12, world_size=2)
     t.add(2.0, 1000)
     s = t.summary()
-    assert s["tokens_per_s"] == 500 and s["flops_per_s"] == 5e11 and s["mfu"] == 0.25
+    assert s["tokens_per_s"] == 500 and s["flops_per_s"] == 5e11 and s["mfu_pct"] == 25.0  # a percentage
+    assert "MFU 25.0 %" in M.train_line(1, 2, {"loss": 1.0, **s})
+
+
+def test_mfu_above_100_percent_is_not_reported_and_unknown_peak_gives_none():
+    notes = []
+    t = M.Throughput(train_flops_per_token=1e9, peak_flops_per_device=1e11, world_size=1, warn=notes.append)
+    t.add(1.0, 1000)  # 1e12 FLOP/s against a 1e11 peak
+    assert "mfu_pct" not in t.summary() and "mfu_pct" not in t.summary()
+    assert len(notes) == 1 and "exceeds the peak" in notes[0]
+    t = M.Throughput(train_flops_per_token=1e9, peak_flops_per_device=None, world_size=1)
+    t.add(1.0, 10)
+    assert set(t.summary()) == {"tokens_per_s", "flops_per_s"}
+
+
+def test_peak_table_and_cpu_measurement():
+    from adaponder.train.peak import cuda_peak, measure_cpu_peak, resolve_peak
+
+    assert cuda_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12 and cuda_peak("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert cuda_peak("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12 and cuda_peak("NVIDIA L40S", "fp16") == 362e12
+    assert cuda_peak("NVIDIA L4", "bf16") == 121e12 and cuda_peak("NVIDIA H200", "bf16") == 989e12
+    assert cuda_peak("Some Future GPU", "bf16") is None
+    peak = measure_cpu_peak(seconds=0.1, n=256)
+    assert 1e8 < peak < 1e14
+    assert resolve_peak(5e11, torch.device("cpu"), "fp32") == (5e11, "logging.peak_flops")
+    measured, how = resolve_peak(None, torch.device("cpu"), "fp32")
+    assert measured > 1e8 and how.startswith("measured on this CPU")
 
 
 def test_metrics_jsonl_drops_records_after_the_resumed_step(tmp_path):

@@ -2,7 +2,7 @@
 HF export, non-finite steps, crash during a save, clear errors, continued pretraining (A14), SIGTERM.
 
 Each test runs the real launcher (``launch/pretrain.py``) in a fresh Python process on a toy tokenizer
-(~300 tokens) so a step takes milliseconds; see :mod:`adaponder.train.testing`.
+(~300 tokens) so a step takes milliseconds; see ``tests/helpers_train.py``.
 """
 
 import hashlib
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaponder.train.testing import REPO, LauncherWorker, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import REPO, LauncherWorker, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,8 @@ _LAZY = {
     "PackedLoader": "loader",
     "iter_eval_batches": "loader",
     "read_meta": "layout",
+    "IndexedDataset": "indexed",
+    "IndexedLoader": "indexed",
 }
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from .corpus import bundled_corpus_dir
 from .errors import DataError
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
-from .sources import Source, SourceStats, iter_documents, resolve_inputs
+from .sources import Source, SourceStats, hub_source, iter_documents, resolve_inputs
 from .tokenizer import Tokenizer, as_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 30  # 2 GiB per uint16 shard
@@ -415,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="file, folder, glob or saved dataset folder")
     p.add_argument("-o", "--output", required=True, help="output folder (written atomically)")
     p.add_argument("--bundled", action="store_true", help="add the small corpus bundled with adaponder")
+    g = p.add_argument_group("Hugging Face datasets (through the datasets cache; offline: only what is cached)")
+    g.add_argument("--hf-dataset", metavar="NAME", default=None,
+                   help="add a datasets dataset by name (datasets.load_dataset(NAME, ...)), or a local folder of data "
+                   "files or written by save_to_disk")
+    g.add_argument("--hf-config", metavar="C", default=None, help="its configuration (subset) name")
+    g.add_argument("--split", metavar="S", default=None, help="its split (default: every split, in order)")
+    g.add_argument("--streaming", action="store_true", help="stream it instead of downloading it whole first")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json / folder / sentencepiece .model "
                    "(default: bundled Pythia GPT-NeoX-20B tokenizer)")
     p.add_argument("--train-tokenizer", type=int, default=None, metavar="VOCAB",
@@ -459,9 +466,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``adaponder-prepare`` / ``python -m adaponder.data.prepare``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    inputs = list(args.inputs) + ([str(bundled_corpus_dir())] if args.bundled else [])
+    inputs: list = list(args.inputs) + ([str(bundled_corpus_dir())] if args.bundled else [])
+    if args.hf_dataset is not None:
+        inputs.append(hub_source(args.hf_dataset, args.hf_config, args.split, args.streaming))
+    elif args.hf_config is not None or args.split is not None or args.streaming:
+        parser.error("--hf-config, --split and --streaming apply to --hf-dataset")
     if not inputs:
-        parser.error("give at least one INPUT, or --bundled")
+        parser.error("give at least one INPUT, --bundled or --hf-dataset NAME")
     try:
         meta = prepare(
             inputs,

@@ -10,7 +10,11 @@ Inputs are files, folders (searched recursively), globs, or Hugging Face dataset
 - parquet: one document per row of column ``text_field`` (streamed with pyarrow);
 - saved HF dataset (a folder with ``state.json`` or ``dataset_dict.json``, loaded with
   ``datasets.load_from_disk``): one document per row of ``text_field``; all splits of a DatasetDict in
-  their saved order.
+  their saved order;
+- a ``datasets`` name (:func:`hub_source`, CLI ``--hf-dataset NAME [--hf-config C] [--split S] [--streaming]``):
+  ``datasets.load_dataset(NAME, C, split=S, streaming=...)`` through the datasets cache (offline: only what is
+  cached); NAME may also be a local folder (data files, or a ``save_to_disk`` folder, then read with
+  ``load_from_disk`` and the split picked from it). Without ``--split``, all splits in order.
 
 Text and JSONL files may be compressed: ``.gz``, ``.zst``/``.zstd``, ``.xz``, ``.bz2``. Records whose text is
 empty or null are skipped and counted. Folders are searched for the suffixes in ``FOLDER_SUFFIXES`` only
@@ -50,8 +54,10 @@ class Source:
     """One resolved input: a file or a saved dataset folder."""
 
     path: Path
-    kind: str  # "text" | "jsonl" | "parquet" | "hf_dataset"
+    kind: str  # "text" | "jsonl" | "parquet" | "hf_dataset" | "hf_hub"
     compression: str | None = None
+    #: ``hf_hub`` only: (config, split, streaming) of ``datasets.load_dataset(str(path), ...)``.
+    hub: tuple[str | None, str | None, bool] | None = None
 
     @property
     def format(self) -> str:
@@ -130,6 +136,9 @@ def resolve_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Source]:
         raise InputNotFoundError("no inputs given; expected files, folders, globs or saved datasets")
     sources: list[Source] = []
     for spec in inputs:
+        if isinstance(spec, Source):  # already resolved (e.g. hub_source(...))
+            sources.append(spec)
+            continue
         spec_str = os.fspath(spec)
         path = Path(spec_str).expanduser()
         if path.exists():
@@ -160,11 +169,21 @@ def resolve_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Source]:
     seen: set[Path] = set()
     unique = []
     for s in sources:
+        if s.kind == "hf_hub":
+            unique.append(s)
+            continue
         key = s.path.resolve()
         if key not in seen:
             seen.add(key)
             unique.append(Source(key, s.kind, s.compression))
     return unique
+
+
+def hub_source(name: str, config: str | None = None, split: str | None = None, streaming: bool = False) -> Source:
+    """A ``datasets`` dataset by name (or local folder) as an input of ``prepare`` (see the module doc)."""
+    if not name:
+        raise InputNotFoundError("--hf-dataset: empty dataset name")
+    return Source(Path(name), "hf_hub", None, (config, split, bool(streaming)))
 
 
 # -- decoding -------------------------------------------------------------------------------------------
@@ -406,6 +425,79 @@ def _iter_hf_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterat
         raise EmptyInputError(f"{src.path}: no non-empty values in column {text_field!r} ({rows} rows)")
 
 
+def _hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def _load_hub(src: Source):
+    import datasets
+
+    config, split, streaming = src.hub or (None, None, False)
+    name = str(src.path)
+    what = f"dataset {name!r}" + (f" (config {config!r})" if config else "") + (f" split {split!r}" if split else "")
+    local = Path(name).expanduser()
+    if local.is_dir() and _is_hf_dataset_dir(local):  # written by save_to_disk: load_dataset cannot read it
+        try:
+            loaded = datasets.load_from_disk(str(local))
+        except Exception as exc:
+            raise DataError(f"{local}: cannot load with datasets.load_from_disk ({exc})") from exc
+        if split is not None:
+            if not isinstance(loaded, datasets.DatasetDict):
+                raise DataError(f"{local}: a single saved split; leave out --split (asked for {split!r})")
+            if split not in loaded:
+                raise DataError(f"{local}: no split {split!r} (splits: {', '.join(loaded)})")
+            loaded = loaded[split]
+        if streaming:
+            loaded = (datasets.IterableDatasetDict({k: v.to_iterable_dataset() for k, v in loaded.items()})
+                      if isinstance(loaded, datasets.DatasetDict) else loaded.to_iterable_dataset())
+        return loaded, what
+    try:
+        return datasets.load_dataset(name, config, split=split, streaming=streaming), what
+    except Exception as exc:  # ConnectionError, FileNotFoundError, DatasetNotFoundError, ValueError, ...
+        hint = (" HF_DATASETS_OFFLINE / HF_HUB_OFFLINE is set and it is not in the datasets cache: load it once "
+                "online (or save it with save_to_disk and pass that folder)" if _hub_offline() else "")
+        raise InputNotFoundError(f"--hf-dataset: cannot load {what}: {type(exc).__name__}: {exc}.{hint}") from exc
+
+
+def _iter_hub_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
+    import datasets
+
+    loaded, what = _load_hub(src)
+    config, split, streaming = src.hub or (None, None, False)
+    stats.extra.update(hf_dataset=str(src.path), hf_config=config, split=split, streaming=streaming)
+    dict_types = (datasets.DatasetDict, datasets.IterableDatasetDict)
+    parts = list(loaded.items()) if isinstance(loaded, dict_types) else [(split, loaded)]
+    stats.extra["splits"] = [name for name, _ in parts if name is not None]
+    rows = 0
+    for name, ds in parts:
+        where = what + (f" [split {name!r}]" if name is not None and split is None else "")
+        columns = ds.column_names
+        if columns is not None and text_field not in columns:
+            raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(columns)}); set --text-field")
+        fp = getattr(ds, "_fingerprint", None)
+        if fp:
+            stats.extra.setdefault("fingerprints", {})[str(name)] = fp
+        batches = (ds.select_columns([text_field]).iter(batch_size=1024) if isinstance(ds, datasets.Dataset)
+                   else ds.iter(batch_size=1024))
+        row = 0
+        for batch in batches:
+            if text_field not in batch:
+                raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(batch)}); set --text-field")
+            values = batch[text_field]
+            _check_column_values(values, text_field, where, row)
+            row += len(values)
+            for v in values:
+                if v:
+                    stats.documents += 1
+                    yield v
+                else:
+                    stats.skipped_empty += 1
+        rows += row
+    if stats.documents == 0:
+        raise EmptyInputError(f"{what}: no non-empty values in column {text_field!r} ({rows} rows)")
+
+
 def iter_documents(src: Source, text_field: str, errors: str, stats: SourceStats) -> Iterator[str]:
     """Yield the documents of one source, filling ``stats`` as it goes (complete once exhausted)."""
     if src.kind == "text":
@@ -416,7 +508,9 @@ def iter_documents(src: Source, text_field: str, errors: str, stats: SourceStats
         return _iter_parquet(src, text_field, stats)
     if src.kind == "hf_dataset":
         return _iter_hf_dataset(src, text_field, stats)
+    if src.kind == "hf_hub":
+        return _iter_hub_dataset(src, text_field, stats)
     raise ValueError(f"unknown source kind {src.kind!r}")
 
 
-__all__ = ["Source", "SourceStats", "resolve_inputs", "iter_documents", "decode_utf8", "sha256_file"]
+__all__ = ["Source", "SourceStats", "resolve_inputs", "hub_source", "iter_documents", "decode_utf8", "sha256_file"]

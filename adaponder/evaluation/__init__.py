@@ -5,7 +5,8 @@ Modules (each usable on its own; ``python -m adaponder.evaluation.<module> --hel
 
 * :mod:`~adaponder.evaluation.settings` — load a checkpoint with pinned recurrence settings (K, τ, exit rule).
 * :mod:`~adaponder.evaluation.perplexity` — sliding-window token NLL, perplexity and bits per byte.
-* :mod:`~adaponder.evaluation.halting` — per-token dump, exit-pass histogram, mean NLL by exit pass.
+* :mod:`~adaponder.evaluation.halting` — exit-pass histogram, mean NLL by exit pass, hardest tokens.
+* :mod:`~adaponder.evaluation.token_dump` — the per-token dump (token, exit pass, NLL) and its reader.
 * :mod:`~adaponder.evaluation.pruning` — fixed pruning (uniform / geometric exit histograms at a target mean).
 * :mod:`~adaponder.evaluation.dial` — τ sweep: perplexity vs realised FLOPs.
 * :mod:`~adaponder.evaluation.plots` — PNG figures (matplotlib, Agg).
@@ -31,9 +32,10 @@ _LAZY = {
     "score_documents": "perplexity",
     "summarize": "perplexity",
     "bits_per_byte": "perplexity",
-    "exit_histogram": "halting",
+    "exit_histogram": "accounting",
     "nll_by_exit_pass": "halting",
-    "write_token_dump": "halting",
+    "write_token_dump": "token_dump",
+    "read_token_dump": "token_dump",
     "FixedPruningPolicy": "pruning",
     "target_histogram": "pruning",
     "uniform_histogram": "pruning",

@@ -4,8 +4,7 @@ Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
 
 * ``--model`` defaults to ``adaponder``;
 * a checkpoint folder given as the first argument becomes ``checkpoint=...`` in ``--model_args``;
-* ``--include_path`` defaults to the repository's ``eval/tasks`` (the offline ``adaponder_*`` tasks) when it
-  exists;
+* ``--include_path`` defaults to the ``adaponder_*`` task folder (``eval/tasks``; shipped in the wheel too);
 * after lm-eval's results table, the recurrence settings and the realised compute (mean exit pass, exit
   histogram, FLOPs per token and × one pass) are printed; they are also in the results JSON under
   ``config.adaponder``.
@@ -27,11 +26,11 @@ from pathlib import Path
 
 
 def default_task_path() -> Path | None:
-    """``<repo>/eval/tasks`` next to the ``adaponder`` package (a source checkout / editable install)."""
-    import adaponder
+    """The ``adaponder_*`` task folder: ``<repo>/eval/tasks`` in a checkout / editable install, the copy in the
+    package's resources in an installed wheel (:func:`adaponder.resources.task_dir`)."""
+    from adaponder.resources import task_dir
 
-    path = Path(adaponder.__file__).resolve().parents[1] / "eval" / "tasks"
-    return path if path.is_dir() else None
+    return task_dir()
 
 
 def _has(argv: Sequence[str], flag: str) -> bool:

@@ -57,6 +57,7 @@ def dial_table(rows: Sequence[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from . import plots
+    from .accounting import ONE_PASS_BASELINE
     from .perplexity import _Codec, add_data_args, load_all
     from .settings import load_for_eval, settings_of
 
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = sweep_tau(model, docs, parse_taus(args.taus), window=args.window, stride=args.stride,
                      batch_size=args.batch_size, eod_id=codec.eod_id, pad_id=codec.pad_id)
     print(dial_table(rows))
+    print(ONE_PASS_BASELINE)
     if args.plot:
         plots.ppl_vs_flops_png(rows, Path(args.plot))
     if args.json:

@@ -1,8 +1,9 @@
 """Halting analysis: where do the gates spend compute?
 
-* :func:`write_token_dump` — one row per scored token: document, position, token id, token text, exit pass
-  (D_t of A8, the passes spent on the position that predicts this token) and NLL (nats). ``.jsonl`` or ``.tsv``.
-* :func:`exit_histogram` — tokens per exit pass.
+* :func:`write_token_dump` (from :mod:`.token_dump`) — one row per scored token: document, position, token id,
+  token text, exit pass (D_t of A8, the passes spent on the position that predicts this token) and NLL (nats).
+  ``.jsonl`` or ``.tsv``.
+* :func:`~.accounting.exit_histogram` — tokens per exit pass.
 * :func:`nll_by_exit_pass` — mean NLL (and perplexity) of the tokens of each exit pass: if the gates spend
   compute on hard tokens, tokens that ran more passes have higher NLL.
 
@@ -14,7 +15,6 @@ Command line (scores the data with the learned policy, then writes the dump and 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from .accounting import exit_histogram
-from .perplexity import Document, TokenScores
+from .perplexity import TokenScores
+from .token_dump import token_texts, write_token_dump
 
 
 def nll_by_exit_pass(scores: TokenScores) -> list[dict]:
@@ -39,65 +40,12 @@ def nll_by_exit_pass(scores: TokenScores) -> list[dict]:
     return rows
 
 
-def _token_texts(tokenizer, ids: np.ndarray) -> dict[int, str]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    out = {}
-    for i in np.unique(ids).tolist():
-        text = backend.decode([i], skip_special_tokens=False) if backend is not None else tokenizer.decode([i])
-        out[i] = text
-    return out
-
-
-def write_token_dump(scores: TokenScores, tokenizer, path: str | Path, docs: Sequence[Document] | None = None) -> Path:
-    """Write one row per scored token (JSON Lines for ``.jsonl``/``.json``, else tab-separated with a header).
-
-    Columns: ``doc`` (index, or name when ``docs`` is given), ``position`` (index of the token in its
-    document), ``token_id``, ``token`` (decoded text; in TSV, tabs/newlines are escaped as ``\\t``/``\\n``),
-    ``exit_pass``, ``nll`` (nats).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    texts = _token_texts(tokenizer, scores.token)
-    names = [d.name for d in docs] if docs is not None else None
-    jsonl = path.suffix in (".jsonl", ".json")
-    with open(path, "w", encoding="utf-8") as fh:
-        if not jsonl:
-            fh.write("doc\tposition\ttoken_id\ttoken\texit_pass\tnll\n")
-        for d, pos, tid, ep, nll in zip(scores.doc.tolist(), scores.position.tolist(), scores.token.tolist(),
-                                        scores.exit_pass.tolist(), scores.nll.tolist()):
-            doc = names[d] if names is not None else d
-            if jsonl:
-                fh.write(json.dumps({"doc": doc, "position": pos, "token_id": tid, "token": texts[tid],
-                                     "exit_pass": ep, "nll": round(nll, 6)}, ensure_ascii=False) + "\n")
-            else:
-                text = texts[tid].replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-                fh.write(f"{doc}\t{pos}\t{tid}\t{text}\t{ep}\t{nll:.6f}\n")
-    return path
-
-
-def read_token_dump(path: str | Path) -> list[dict]:
-    """Rows of a dump written by :func:`write_token_dump` (numbers parsed)."""
-    path = Path(path)
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        if path.suffix in (".jsonl", ".json"):
-            return [json.loads(line) for line in fh if line.strip()]
-        header = fh.readline().rstrip("\n").split("\t")
-        for line in fh:
-            vals = dict(zip(header, line.rstrip("\n").split("\t")))
-            for k in ("position", "token_id", "exit_pass"):
-                vals[k] = int(vals[k])
-            vals["nll"] = float(vals["nll"])
-            rows.append(vals)
-    return rows
-
-
 def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
     """The ``k`` most frequent token ids among those that ran all K passes, with their mean NLL."""
     sel = scores.exit_pass == scores.passes
     ids, counts = np.unique(scores.token[sel], return_counts=True)
     top = np.argsort(-counts)[:k]
-    texts = _token_texts(tokenizer, ids[top]) if len(top) else {}
+    texts = token_texts(tokenizer, ids[top]) if len(top) else {}
     return [{"token": texts[int(ids[i])], "count": int(counts[i]),
              "mean_nll": float(scores.nll[sel][scores.token[sel] == ids[i]].mean())} for i in top]
 
@@ -136,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["exit_histogram", "hardest_tokens", "nll_by_exit_pass", "read_token_dump", "write_token_dump"]
+__all__ = ["hardest_tokens", "nll_by_exit_pass"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,9 +43,9 @@ from lm_eval.models.huggingface import HFLM
 
 import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
 
-from .accounting import flops_summary
+from .accounting import ONE_PASS_BASELINE, exit_counts, flops_summary
 from .pruning import make_policy
-from .settings import EXIT_RULES, apply_recurrence, settings_of
+from .settings import apply_recurrence, check_exit_rule, settings_of
 
 log = logging.getLogger("adaponder.evaluation")
 
@@ -74,8 +74,7 @@ class AdaPonderLM(HFLM):
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
         if tau is not None and halting_threshold is not None and float(tau) != float(halting_threshold):
             raise ValueError("give either halting_threshold or tau, not both")
-        if exit_rule not in EXIT_RULES:
-            raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
+        check_exit_rule(exit_rule)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
@@ -136,7 +135,7 @@ class AdaPonderLM(HFLM):
     def _count(self, exit_pass: torch.Tensor, context: int, kind: str = "scored") -> None:
         ep = exit_pass.reshape(-1).long().cpu()
         K = len(self._hist[kind])
-        self._hist[kind] += np.bincount(ep.clamp(1, K).numpy(), minlength=K + 1)[1:K + 1]
+        self._hist[kind] += exit_counts(ep.clamp(1, K), K).numpy()
         self._ctx[kind] += float(context) * ep.numel()
 
     def _select_cont_toks(self, logits, contlen=None, inplen=None):
@@ -193,6 +192,8 @@ class AdaPonderLM(HFLM):
                              f"(of K={len(r['exit_histogram'])}), exit histogram {r['exit_histogram']}, "
                              f"FLOPs/token {f['total'] / 1e6:.3f} M = {f['x_one_pass']:.3f}x one pass "
                              f"(context {f['context']:.0f})")
+        if lines:
+            lines.append(ONE_PASS_BASELINE)
         return lines
 
     def get_model_info(self) -> dict:

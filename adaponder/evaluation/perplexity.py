@@ -15,7 +15,7 @@ Inputs: text files (``.gz`` too) or folders of them (one file = one document), o
 
 Command line::
 
-    python -m adaponder.evaluation.perplexity CKPT --data ../shared/data/corpus/wikitext-2/wiki.test.tokens \\
+    python -m adaponder.evaluation.perplexity CKPT --data /path/to/wikitext-2/wiki.test.tokens \\
         --window 512 --stride 256 --max-tokens 50000 [--halting-threshold 1e-4] [--dump tokens.tsv]
 """
 
@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .accounting import exit_histogram, flops_summary
+from .accounting import ONE_PASS_BASELINE, exit_histogram, flops_summary
+from .settings import EXIT_RULES
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".text", ".md", ".gz")
 LN2 = math.log(2.0)
@@ -322,7 +323,7 @@ def add_recurrence_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")
     g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
                    help="τ of A6 (default: the checkpoint's)")
-    g.add_argument("--exit-rule", choices=("learned", "uniform", "geometric"), default="learned",
+    g.add_argument("--exit-rule", choices=EXIT_RULES, default="learned",
                    help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
     g.add_argument("--target-mean-exit", type=float, default=None,
                    help="mean exit pass for fixed pruning (default: the learned policy's on the same data)")
@@ -331,15 +332,21 @@ def add_recurrence_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def add_data_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+def add_data_args(p: argparse.ArgumentParser, required: bool = True, *, default_data: str | None = None,
+                  default_max_tokens: int | None = None) -> None:
+    """The held-out data options. ``default_data`` (with ``required=False``) and ``default_max_tokens`` only
+    describe, in the help, the defaults the caller applies when ``--data`` / ``--max-tokens`` are not given."""
     g = p.add_argument_group("held-out data")
+    data_help = "text files/folders (one file = one document) or prepared data folders (val split)"
     g.add_argument("--data", nargs="+", required=required,
-                   help="text files/folders (one file = one document) or prepared data folders (val split)")
+                   help=data_help + (f" (default: {default_data})" if default_data else ""))
     g.add_argument("--split", default="val", help="split of prepared data folders")
     g.add_argument("--window", type=int, default=None, help="window length (default: min(context, 1024))")
     g.add_argument("--stride", type=int, default=None, help="window start step (default: window / 2)")
     g.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: 2048 // window)")
-    g.add_argument("--max-tokens", type=int, default=None, help="cap on scored tokens per --data entry")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help="cap on scored tokens per --data entry" + (
+                       f" (default {default_max_tokens}; 0 = all)" if default_max_tokens is not None else ""))
     g.add_argument("--max-tokens-per-doc", type=int, default=None, help="cap on scored tokens per document")
 
 
@@ -362,9 +369,9 @@ TABLE_HEADER = ("| data | tokens | perplexity | bits/byte | mean exit pass | MFL
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .halting import write_token_dump
     from .pruning import make_policy
     from .settings import load_for_eval, settings_of
+    from .token_dump import write_token_dump
 
     p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.perplexity", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -395,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(TABLE_HEADER)
     for name, s in summary.items():
         print(format_row(name, s))
+    print(ONE_PASS_BASELINE)
     if args.dump:
         write_token_dump(scores, tok, args.dump, docs)
         print(f"per-token dump: {args.dump}")

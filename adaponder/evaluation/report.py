@@ -12,7 +12,7 @@ Writes into ``--out``:
 Example::
 
     adaponder-report runs/demo/hf --out runs/demo/report \\
-        --data ../shared/data/corpus/wikitext-2/wiki.test.tokens --max-tokens 20000 \\
+        --data /path/to/wikitext-2/wiki.test.tokens --max-tokens 20000 \\
         --tasks adaponder_suite --limit 100 --num-fewshot 0,5
     python -m adaponder.evaluation.report ...    # the same without the console script
 """
@@ -34,11 +34,13 @@ import numpy as np
 import torch
 
 from . import plots
+from .accounting import ONE_PASS_BASELINE
 from .dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
-from .halting import hardest_tokens, nll_by_exit_pass, write_token_dump
+from .halting import hardest_tokens, nll_by_exit_pass
 from .perplexity import _Codec, add_data_args, load_all, score_documents, summarize, summarize_by_source
-from .pruning import FixedPruningPolicy, histogram_mean
+from .pruning import FIXED_RULES, FixedPruningPolicy, histogram_mean
 from .settings import load_for_eval, settings_of
+from .token_dump import write_token_dump
 
 SUITE = ("adaponder_lambada_openai", "adaponder_piqa", "adaponder_arc_easy", "adaponder_arc_challenge",
          "adaponder_sciq", "adaponder_winogrande")
@@ -53,20 +55,26 @@ def _repo_root() -> Path:
     return Path(adaponder.__file__).resolve().parents[1]
 
 
+HELDOUT_ENV = "ADAPONDER_HELDOUT_DATA"
+
+
 def default_data() -> list[str]:
-    path = _repo_root().parent / "shared" / "data" / "corpus" / "wikitext-2" / "wiki.test.tokens"
-    return [str(path)] if path.is_file() else []
+    """``$ADAPONDER_HELDOUT_DATA`` (paths separated by ``os.pathsep``); nothing outside the checkout otherwise."""
+    value = os.environ.get(HELDOUT_ENV, "")
+    return [p for p in value.split(os.pathsep) if p]
 
 
-def _eval_data_dir() -> Path:
-    return Path(os.environ.get("ADAPONDER_EVAL_DATA") or _repo_root().parent / "shared" / "data" / "eval")
+def _eval_data_dir() -> Path | None:
+    value = os.environ.get("ADAPONDER_EVAL_DATA")
+    return Path(value) if value else None
 
 
 def expand_tasks(spec: str | None) -> list[str]:
     """Task names from ``--tasks`` (comma-separated; groups ``adaponder_suite``/``adaponder_suite_full``)."""
     if spec is None or spec == "adaponder_suite":
         names = list(SUITE)
-        if (_eval_data_dir() / "hellaswag" / "hellaswag_val.jsonl").is_file():
+        eval_dir = _eval_data_dir()
+        if eval_dir is not None and (eval_dir / "hellaswag" / "hellaswag_val.jsonl").is_file():
             names.append(HELLASWAG)
         return names
     out = []
@@ -93,7 +101,7 @@ def iso_flops(model, docs, score_kw: dict, target: float, seed: int) -> dict[str
     """Learned policy vs fixed pruning (uniform, geometric) at the learned mean exit pass, plus references."""
     K = model.config.num_passes
     out = {}
-    for rule in ("uniform", "geometric"):
+    for rule in FIXED_RULES:
         policy = FixedPruningPolicy.from_rule(rule, K, target, seed=seed)
         summary = summarize(score_documents(model, docs, halting_policy=policy, **score_kw), docs, model)
         summary["target_histogram"] = policy.histogram
@@ -106,17 +114,34 @@ def iso_flops(model, docs, score_kw: dict, target: float, seed: int) -> dict[str
     return out
 
 
-def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence[int], limit: float | None,
-                batch_size: int, include_path: str | None, seed: int, bootstrap_iters: int) -> list[dict]:
-    """One lm-eval run per (task, shots) with the ``adaponder`` model; rows with metrics and compute."""
-    from lm_eval import simple_evaluate
+def task_manager(include_path: str | None = None):
+    """lm-eval's ``TaskManager`` with ``include_path`` (default: the repo's ``eval/tasks``)."""
     from lm_eval.tasks import TaskManager
 
     from .cli import default_task_path
-    from .lm_eval_model import AdaPonderLM
 
     include = include_path or (str(default_task_path()) if default_task_path() else None)
-    tm = TaskManager(include_path=include) if include else TaskManager()
+    return TaskManager(include_path=include) if include else TaskManager()
+
+
+def unknown_tasks(tasks: Sequence[str], tm) -> list[str]:
+    """The names in ``tasks`` that the ``TaskManager`` ``tm`` does not know."""
+    known = set(tm.all_tasks)
+    return [t for t in tasks if t not in known]
+
+
+def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence[int], limit: float | None,
+                batch_size: int, include_path: str | None, seed: int, bootstrap_iters: int, tm=None) -> list[dict]:
+    """One lm-eval run per (task, shots) with the ``adaponder`` model; rows with metrics and compute.
+
+    A task whose data file is missing (the local tasks raise ``FileNotFoundError`` naming it) gives a row
+    with ``error`` and the other tasks still run; every other exception propagates, so a bug fails the run
+    instead of becoming a table row. ``tm``: a ``TaskManager`` (default: :func:`task_manager`)."""
+    from lm_eval import simple_evaluate
+
+    from .lm_eval_model import AdaPonderLM
+
+    tm = tm if tm is not None else task_manager(include_path)
     lm = AdaPonderLM(checkpoint=checkpoint, passes=settings.passes, halting_threshold=settings.halting_threshold,
                      batch_size=batch_size, dtype=settings.dtype, device=settings.device)
     rows = []
@@ -139,7 +164,7 @@ def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence
                     row["mean_exit_pass"] = comp["mean_exit_pass"]
                     row["x_one_pass"] = comp["flops_per_token"]["x_one_pass"]
                     row["scored_tokens"] = comp["tokens"]
-            except Exception as exc:  # a task whose data is missing must not sink the whole report
+            except FileNotFoundError as exc:  # the task's data is not here: report it, run the others
                 row["error"] = f"{type(exc).__name__}: {exc}"
             row["seconds"] = round(time.time() - t0, 1)
             print(f"[adaponder-report] lm-eval {task} {n}-shot: "
@@ -204,8 +229,8 @@ def _iso_table(learned: dict, iso: dict, target: float) -> str:
                      f"{_f(s['bpb'], '.4f')} |")
 
     row("**learned gates**", learned, None)
-    row("uniform fixed pruning", iso["uniform"], target)
-    row("geometric fixed pruning", iso["geometric"], target)
+    for rule in FIXED_RULES:
+        row(f"{rule} fixed pruning", iso[rule], target)
     row("*reference:* all K passes (no halting)", iso["no halting"], None)
     row("*reference:* first pass only", iso["first pass only"], None)
     return "\n".join(lines)
@@ -268,8 +293,7 @@ def write_markdown(path: Path, ctx: dict) -> None:
         "",
         "FLOPs convention (model's `flops_per_token`): 2 FLOPs per weight per token, attention 4·ctx·d per layer "
         "(no causal discount), layer norms/softmax not counted. A token with exit pass D costs D backbone passes, "
-        "D head products, D−1 pondering products and min(D, K−1) gate MLPs; \"× one pass\" divides by one "
-        "backbone pass + head.",
+        "D head products, D−1 pondering products and min(D, K−1) gate MLPs. " + ONE_PASS_BASELINE + ".",
         "",
     ]
     if ctx.get("halting") is not None:
@@ -353,13 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a saved AdaPonder checkpoint folder (with its tokenizer)")
     p.add_argument("--out", required=True, help="output folder")
-    add_data_args(p, required=False)
-    p.set_defaults(max_tokens=None)
-    for action in p._actions:
-        if action.dest == "max_tokens":
-            action.help = f"cap on scored tokens per --data entry (default {DEFAULT_MAX_TOKENS}; 0 = all)"
-        elif action.dest == "data":
-            action.help += " (default: WikiText-2 test from ../shared/data/corpus)"
+    add_data_args(p, required=False, default_data=f"${HELDOUT_ENV}, e.g. WikiText-2's wiki.test.tokens",
+                  default_max_tokens=DEFAULT_MAX_TOKENS)
     g = p.add_argument_group("recurrence settings (pinned and printed)")
     g.add_argument("--passes", type=int, default=None, help="K (default: the checkpoint's)")
     g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
@@ -394,7 +413,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data = args.data or default_data()
     if not data:
-        raise SystemExit("no held-out data: pass --data FILE/FOLDER (text files or a prepared data folder)")
+        raise SystemExit(f"no held-out data: pass --data FILE/FOLDER (text files or a prepared data folder) or set "
+                         f"${HELDOUT_ENV}")
+    tm = tasks = None
+    if not args.no_lm_eval:  # a misspelt task fails now, not after the scoring
+        tasks = expand_tasks(args.tasks)
+        if _eval_data_dir() is None and any(t.startswith("adaponder_") for t in tasks):
+            raise SystemExit("the adaponder_* lm-eval tasks read the benchmarks' original files: set "
+                             "ADAPONDER_EVAL_DATA=/path (see eval/tasks/README.md), name official lm-eval tasks "
+                             "(--tasks lambada_openai,piqa,... download their datasets), or pass --no-lm-eval")
+        tm = task_manager(args.include_path)
+        unknown = unknown_tasks(tasks, tm)
+        if unknown:
+            raise SystemExit(f"unknown lm-eval task(s): {', '.join(unknown)} (not in lm-eval's registry nor in "
+                             f"{args.include_path or 'eval/tasks'})")
 
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     settings = settings_of(model, args.checkpoint)
@@ -437,8 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         iso = iso_flops(model, docs, score_kw, target, args.seed)
         learned["_full_flops"] = iso["no halting"]["flops"]
         ctx.update(iso=iso, target=target)
-        hists.update(uniform=iso["uniform"]["exit_histogram"], geometric=iso["geometric"]["exit_histogram"])
-        points = {k: iso[k] for k in ("uniform", "geometric", "no halting", "first pass only")}
+        hists.update({rule: iso[rule]["exit_histogram"] for rule in FIXED_RULES})
+        points = {k: iso[k] for k in (*FIXED_RULES, "no halting", "first pass only")}
     plots.exit_histogram_png(hists, out / "exit_histogram.png",
                              title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
     files.append("exit_histogram.png")
@@ -460,9 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             limit = int(limit)
         del model
         ctx.update(shots=shots, limit=limit,
-                   lm_eval=run_lm_eval(args.checkpoint, settings, expand_tasks(args.tasks), shots, limit,
+                   lm_eval=run_lm_eval(args.checkpoint, settings, tasks, shots, limit,
                                        args.lm_eval_batch_size, args.include_path, args.seed,
-                                       args.bootstrap_iters))
+                                       args.bootstrap_iters, tm=tm))
 
     ctx["seconds"] = time.time() - t_start
     write_markdown(out / "report.md", ctx)
@@ -470,10 +502,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["settings"] = settings.as_dict()
     (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2, default=str))
     print(f"[adaponder-report] wrote {out / 'report.md'} ({ctx['seconds']:.0f} s)", flush=True)
+    failed = [f"{r['task']} {r['num_fewshot']}-shot" for r in ctx.get("lm_eval") or [] if "error" in r]
+    if failed:
+        print(f"[adaponder-report] error: {len(failed)} lm-eval run(s) could not run (data missing): "
+              f"{', '.join(failed)}; see report.md", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
-__all__ = ["build_parser", "expand_tasks", "iso_flops", "main", "run_lm_eval", "write_markdown"]
+__all__ = ["build_parser", "expand_tasks", "iso_flops", "main", "run_lm_eval", "task_manager", "unknown_tasks",
+           "write_markdown"]
 
 if __name__ == "__main__":
     sys.exit(main())

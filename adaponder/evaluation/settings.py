@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
-EXIT_RULES = ("learned", "uniform", "geometric")
+from .pruning import FIXED_RULES
+
+#: ``learned`` (the gates, A6) or a fixed-pruning rule (:data:`.pruning.FIXED_RULES`).
+EXIT_RULES = ("learned", *FIXED_RULES)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
@@ -106,10 +109,15 @@ def apply_recurrence(model, passes: int | None = None, halting_threshold: float 
         cfg.halting_threshold = tau
 
 
-def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_exit: float | None = None,
-                pruning_seed: int = 0) -> RecurrenceSettings:
+def check_exit_rule(exit_rule: str) -> None:
+    """Raise ``ValueError`` unless ``exit_rule`` is one of :data:`EXIT_RULES`."""
     if exit_rule not in EXIT_RULES:
         raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
+
+
+def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_exit: float | None = None,
+                pruning_seed: int = 0) -> RecurrenceSettings:
+    check_exit_rule(exit_rule)
     cfg = model.config
     return RecurrenceSettings(
         checkpoint=str(checkpoint), mode=cfg.mode, passes=int(cfg.passes), trained_passes=trained_passes(model),
@@ -148,5 +156,5 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halt
     return model, load_tokenizer_for(path)
 
 
-__all__ = ["EXIT_RULES", "RecurrenceSettings", "apply_recurrence", "load_for_eval", "load_tokenizer_for",
-           "parse_dtype", "settings_of", "trained_passes"]
+__all__ = ["EXIT_RULES", "RecurrenceSettings", "apply_recurrence", "check_exit_rule", "load_for_eval",
+           "load_tokenizer_for", "parse_dtype", "settings_of", "trained_passes"]

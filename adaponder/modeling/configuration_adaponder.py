@@ -25,10 +25,18 @@ _LEGACY_KEYS = {"rotary_pct", "rotary_emb_base", "rope_scaling", "attn_implement
 
 
 class AdaPonderConfigError(ValueError):
-    """Raised once, listing every problem found in a configuration."""
+    """Raised once, listing every problem found in a configuration.
+
+    It has the interface of ``adaponder.typed_config.ConfigError`` (``problems``, ``source``) but is not
+    that class or its subclass, and cannot be: this file travels with checkpoints and may import only
+    the standard library and transformers, while ``typed_config`` must not import this module either
+    (loading it loads transformers and torch, which parsing a YAML file does not need). Their common
+    base is ``ValueError``.
+    """
 
     def __init__(self, problems: list[str], source: str | None = None):
         self.problems = list(problems)
+        self.source = source
         where = f" in {source}" if source else ""
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")

@@ -588,17 +588,6 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         full[subset.b_idx, subset.t_idx] = flat
         return full
 
-    def pondering_embedding(self, logits: torch.Tensor) -> torch.Tensor:
-        """``e = softmax(z)·Ẽ`` with ``Ẽ = α·W_E`` (A4), in chunks of ``ponder_chunk_size`` tokens."""
-        embed_w, alpha = self.gpt_neox.embed_in.weight, self.config.embedding_scale
-        chunk = self.config.ponder_chunk_size or logits.shape[0]
-        parts = []
-        for start in range(0, logits.shape[0], chunk):
-            probs = torch.softmax(logits[start:start + chunk].float(), dim=-1).to(embed_w.dtype)
-            parts.append(probs @ embed_w)
-        e = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return e * alpha if alpha != 1.0 else e
-
     @staticmethod
     def _targets(labels, shift_labels):
         """Next-token targets aligned with the inputs (A10): ``shift_labels`` as given, or ``labels``
@@ -612,9 +601,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
     def external_parameters(self) -> list[nn.Parameter]:
         """Parameters read outside their own module's ``forward``: the pondering embedding (A4) and the
         chunked loss use ``W_out`` and ``W_E`` directly. Under DeepSpeed ZeRO-3 register them on the
-        model (``deepspeed.zero.register_external_parameter(model, p)``) so they are gathered for the
-        whole forward; the model itself stays free of DeepSpeed."""
-        params = [self.lm_head.weight, self.gpt_neox.embed_in.weight]
+        model (``deepspeed.zero.register_external_parameter(model, p)``, as the trainer does) so they are
+        gathered for the whole forward; the model itself stays free of DeepSpeed. Tied weights appear once."""
+        params = [self.gpt_neox.embed_in.weight, self.lm_head.weight]
         return [p for i, p in enumerate(params) if all(p is not q for q in params[:i])]
 
     # -- accounting (A17) ------------------------------------------------------------------------
@@ -669,9 +658,10 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         parts["mean_passes"] = mean_d
         return parts
 
-    def kv_cache_bytes_per_token(self, exit_pass: torch.Tensor | None = None) -> int:
-        """KV-cache bytes per token: every pass keeps K and V of every layer (halted tokens too, as
-        reused copies), so ``K · L · 2 · d · bytes``."""
+    def kv_cache_bytes_per_token(self) -> int:
+        """KV-cache bytes per token: ``K · L · 2 · d · bytes``, whatever the token's exit pass. The
+        :class:`PonderCache` keeps K and V of every layer in every pass for every token (a token that halted
+        at pass D holds its pass-D K/V in passes j > D, A15), so halting saves compute, not cache memory."""
         cfg = self.config
         return cfg.num_passes * cfg.num_hidden_layers * 2 * cfg.hidden_size * self.dtype.itemsize
 

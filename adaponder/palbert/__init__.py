@@ -1,16 +1,17 @@
 """PALBERT mode (docs/method.md section (b)): model-independent parts.
 
 * :mod:`adaponder.palbert.glue` — GLUE TSV loading and tokenizer-agnostic batching.
-* :mod:`adaponder.palbert.metrics` — official GLUE metrics in numpy (B8).
+* :mod:`adaponder.palbert.metrics` — official GLUE metrics: scikit-learn / scipy calls (B8).
 * :mod:`adaponder.palbert.pondernet` — λ layer (B3), exit distribution (B4), losses (B5–B7),
   exit rules offline and online (B9, sampling, expectation, always-last, PABEE).
 * :mod:`adaponder.palbert.classifier` — ``AdaPonderForSequenceClassification`` on the recurrent core
   (B1–B7) with online early exit (``predict``), and ``PalbertConfig``.
 * :mod:`adaponder.palbert.config` / :mod:`adaponder.palbert.finetune` — the typed fine-tuning config and
-  the GLUE recipe behind ``launch/finetune_glue.py`` (B8, every exit rule, timing).
+  the GLUE recipe behind ``launch/finetune_glue.py`` (B8, every exit rule, timing), on the pretraining
+  trainer's process group, DeepSpeed engine, checkpoints (resume), metrics sink and signal handling.
 
 Importing the package imports only torch and numpy; the model and recipe names below load their modules
-(and transformers) on first use.
+(and transformers, DeepSpeed, scikit-learn, scipy) on first use.
 """
 
 from adaponder._lazy import lazy_getattr

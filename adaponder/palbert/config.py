@@ -1,6 +1,9 @@
 """Typed configuration of a GLUE fine-tuning run (``configs/glue/<task>.yaml``, docs/method.md (b), B8).
 
-A YAML file has the sections below; every key is optional except ``task``. :func:`load_finetune_config`
+A YAML file has the sections below; every key is optional except ``task``. The ``deepspeed`` section is the
+pretraining config's (:class:`adaponder.train.config.DeepSpeedConfig`: ``zero_stage``, ``precision``,
+offload, ``overrides``) with fine-tuning defaults (no ZeRO, fp32); ``checkpoint`` and ``logging`` configure
+the same checkpoint manager and metrics sink as pretraining. :func:`load_finetune_config`
 applies ``--set section.key=value`` overrides (values parsed as YAML), then validates everything at once:
 unknown keys, wrong types and inconsistent values are all listed in one :class:`FinetuneConfigError`
 naming the file. Defaults follow B8 (Adam, constant LR, batch 32, max length 128, early stopping on the
@@ -13,10 +16,11 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from adaponder import typed_config
 from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
+from adaponder.train.config import DeepSpeedConfig
 
 __all__ = [
     "FinetuneConfigError",
@@ -26,6 +30,9 @@ __all__ = [
     "TrainSection",
     "EvalSection",
     "TimingSection",
+    "CheckpointSection",
+    "LoggingSection",
+    "DeepSpeedSection",
     "FinetuneConfig",
     "load_finetune_config",
     "parse_overrides",
@@ -86,10 +93,12 @@ class TrainSection:
     """B8. ``epochs`` may be fractional; ``max_steps > 0`` caps the steps. ``eval_every: 0`` evaluates once
     per epoch. Early stopping: stop after ``early_stopping_patience`` evaluations without improvement of
     the dev main metric under ``select_rule`` (null = Q-exit, or PABEE for the PABEE baseline); the best
-    weights are restored. ``max_examples: 0`` uses the whole train split (else a seeded random subset).
-    ``device: auto`` = CUDA when available (single process; DeepSpeed places the model itself).
+    weights are restored (from the best checkpoint). ``max_examples: 0`` uses the whole train split (else a
+    seeded random subset). ``batch_size`` is global: each of the W ranks takes ``batch_size / W`` examples.
+    ``stop_at``: stop after this step with a checkpoint (exit 0; continue with ``--resume auto``).
     ``threads`` (0 = leave torch's setting) sets torch's intra-op threads for the run; on a CPU shared
-    with other jobs 1 is often faster than 2 (no OpenMP thread waits on a descheduled sibling)."""
+    with other jobs 1 is often faster than 2 (no OpenMP thread waits on a descheduled sibling). The device
+    is DeepSpeed's accelerator (a GPU when there is one; ``DS_ACCELERATOR=cpu`` forces the CPU)."""
 
     seed: int = 0
     lr: float = 2e-5
@@ -105,7 +114,7 @@ class TrainSection:
     max_examples: int = 0
     log_every: int = 50
     save_model: bool = False
-    device: str = "auto"
+    stop_at: int | None = None
     threads: int = 0
 
 
@@ -136,6 +145,39 @@ class TimingSection:
 
 
 @dataclass
+class CheckpointSection:
+    """Checkpoints of the pretraining trainer's manager (sha256 manifest, atomic ``latest``): written after
+    every dev evaluation, every ``every`` steps (0 = no extra ones), on SIGTERM/SIGINT and at ``stop_at``.
+    The newest ``keep`` are kept, and always the best one (its weights are restored for the final
+    evaluation). ``dir: null`` = ``<output>/checkpoints``."""
+
+    dir: str | None = None
+    every: int = 0
+    keep: int = 2
+
+
+@dataclass
+class LoggingSection:
+    """``metrics.jsonl`` in the output folder (train / eval / event records), console lines, tqdm progress
+    bars for every phase (training, dev evaluation, exit rules, timing), optional wandb."""
+
+    jsonl: bool = True
+    console: bool = True
+    progress_bar: bool = True
+    wandb: bool = False
+    wandb_project: str = "adaponder-glue"
+    wandb_name: str | None = None
+
+
+@dataclass
+class DeepSpeedSection(DeepSpeedConfig):
+    """:class:`adaponder.train.config.DeepSpeedConfig` with fine-tuning defaults: ZeRO off, fp32."""
+
+    zero_stage: int = 0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+
+@dataclass
 class FinetuneConfig:
     task: str = ""
     init: str | None = None
@@ -145,7 +187,9 @@ class FinetuneConfig:
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
     timing: TimingSection = field(default_factory=TimingSection)
-    deepspeed: dict = field(default_factory=lambda: {"zero_optimization": {"stage": 0}})
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -156,7 +200,7 @@ class FinetuneConfig:
 
 
 _SECTIONS = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
-# The dataclass-typed fields (model, loss, ...); task/init/deepspeed are plain values.
+# The dataclass-typed fields (model, loss, ..., deepspeed); task/init are plain values.
 _SECTION_TYPES = {name: tp for name, tp in typing.get_type_hints(FinetuneConfig).items()
                   if dataclasses.is_dataclass(tp)}
 
@@ -203,8 +247,7 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
         check(f"train.{key}", getattr(t, key) >= 0, f"must be >= 0, got {getattr(t, key)}")
     check("train.early_stopping_patience", t.early_stopping_patience >= 1,
           f"must be >= 1, got {t.early_stopping_patience}")
-    check("train.device", t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
-          f"must be auto, cpu or cuda[:N]; got {t.device!r}")
+    check("train.stop_at", t.stop_at is None or t.stop_at >= 1, f"must be null or >= 1, got {t.stop_at}")
     check("train.threads", t.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {t.threads}")
     check("train.grad_clip", t.grad_clip >= 0, f"must be >= 0 (0 = off), got {t.grad_clip}")
     allowed = ("pabee", "last") if m.method == "pabee" else _RULES
@@ -224,6 +267,15 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     check("timing.max_examples", tm.max_examples >= 1, f"must be >= 1, got {tm.max_examples}")
     check("timing.repeats", tm.repeats >= 1, f"must be >= 1, got {tm.repeats}")
     check("timing.threads", tm.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {tm.threads}")
+    c, ds = cfg.checkpoint, cfg.deepspeed
+    check("checkpoint.every", c.every >= 0, f"must be >= 0 (0 = only at evaluations and stops), got {c.every}")
+    check("checkpoint.keep", c.keep >= 1, f"must be >= 1, got {c.keep}")
+    check("deepspeed.zero_stage", ds.zero_stage in (0, 1, 2, 3), f"must be 0, 1, 2 or 3, got {ds.zero_stage}")
+    check("deepspeed.offload_optimizer", ds.offload_optimizer == "none" or ds.zero_stage >= 1,
+          "needs zero_stage >= 1")
+    check("deepspeed.offload_param", ds.offload_param == "none" or ds.zero_stage == 3, "needs zero_stage 3")
+    check("deepspeed.nvme_path", "nvme" not in (ds.offload_optimizer, ds.offload_param) or bool(ds.nvme_path),
+          "required for nvme offload")
     return problems
 
 
@@ -238,6 +290,10 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
             problems.append(f"{key}: unknown key (known: {', '.join(_SECTIONS)})")
     kwargs: dict[str, Any] = {name: typed_config.build_section(cls, values.get(name), name, problems, bad)
                               for name, cls in _SECTION_TYPES.items()}
+    raw_ds = values.get("deepspeed")
+    if isinstance(raw_ds, Mapping) and any(k in raw_ds for k in ("zero_optimization", "bf16", "fp16")):
+        problems.append("deepspeed: takes typed keys (zero_stage, precision, offload_optimizer, ...); raw DeepSpeed "
+                        "settings go under deepspeed.overrides (deep-merged into the generated DeepSpeed config)")
     hints = typing.get_type_hints(FinetuneConfig)
     for key in (k for k in _SECTIONS if k not in _SECTION_TYPES):
         if key in values:

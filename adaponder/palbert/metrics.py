@@ -1,12 +1,14 @@
-"""Official GLUE metrics in plain numpy (docs/method.md B8).
+"""Official GLUE metrics (docs/method.md B8): scikit-learn and scipy calls.
 
 accuracy; Matthews correlation (CoLA); accuracy + F1 (MRPC, QQP); Pearson + Spearman (STS-B).
-The definitions and degenerate-case conventions follow scikit-learn / scipy (which the tests compare
-against), but the library does not import either, so evaluation has no dependency beyond numpy.
+Degenerate inputs get the libraries' own values without their warnings: a constant prediction has MCC 0
+and F1 0 (no positives), a correlation with a constant (or non-finite) input is NaN.
 
 Metric names are those of the Hugging Face ``glue`` metric (``matthews_correlation``, ``accuracy``,
 ``f1``, ``pearson``, ``spearmanr``). Tasks with two metrics also report ``combined_score``, their mean,
 which is the task's GLUE score and its main metric for early stopping **[choice]** (as HF ``run_glue``).
+
+scikit-learn and scipy are imported on first use, so reading a fine-tuning config does not load them.
 """
 
 from __future__ import annotations
@@ -86,84 +88,67 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def accuracy(preds: Any, labels: Any) -> float:
-    """Fraction of exact matches (sklearn ``accuracy_score``)."""
+    """Fraction of exact matches (``sklearn.metrics.accuracy_score``)."""
+    from sklearn import metrics as skm
+
     p, y = _pair(preds, labels)
-    return float(np.mean(p == y))
+    return float(skm.accuracy_score(y, p))
 
 
 def matthews_corrcoef(preds: Any, labels: Any) -> float:
-    """Matthews correlation coefficient, multiclass form (Gorodkin 2004) as in sklearn.
+    """Matthews correlation coefficient (``sklearn.metrics.matthews_corrcoef``, multiclass form). 0.0 when
+    it is undefined (a constant prediction, or a single class in labels and predictions together) — the
+    majority-class score on CoLA."""
+    from sklearn import metrics as skm
 
-    ``MCC = (c·s − t·p) / sqrt((s² − t·t)(s² − p·p))`` with ``t``/``p`` the per-class counts of labels /
-    predictions, ``c`` the number correct and ``s`` the number of samples. Returns 0.0 when the
-    denominator is 0 (e.g. a constant prediction), like sklearn; this is the majority-class score on CoLA.
-    """
     p, y = _pair(preds, labels)
-    classes, inv = np.unique(np.concatenate([y, p]), return_inverse=True)
-    y_idx, p_idx = inv[: y.size], inv[y.size :]
-    k = classes.size
-    t_sum = np.bincount(y_idx, minlength=k).astype(np.float64)
-    p_sum = np.bincount(p_idx, minlength=k).astype(np.float64)
-    n_correct = float(np.sum(y_idx == p_idx))
-    n = float(y.size)
-    cov_ytyp = n_correct * n - float(t_sum @ p_sum)
-    cov_ypyp = n * n - float(p_sum @ p_sum)
-    cov_ytyt = n * n - float(t_sum @ t_sum)
-    if cov_ypyp * cov_ytyt == 0:
-        return 0.0
-    return float(cov_ytyp / np.sqrt(cov_ytyt * cov_ypyp))
+    if np.unique(np.concatenate([y, p])).size < 2:
+        return 0.0  # sklearn's value too, but it warns about the one-class confusion matrix first
+    return float(skm.matthews_corrcoef(y, p))
 
 
 def f1_binary(preds: Any, labels: Any, pos_label: int = 1) -> float:
-    """Binary F1 of the positive class, ``2·TP / (2·TP + FP + FN)`` (sklearn ``f1_score``).
+    """Binary F1 of the positive class (``sklearn.metrics.f1_score``); 0.0 when there are neither positive
+    labels nor positive predictions."""
+    from sklearn import metrics as skm
 
-    Returns 0.0 when there are no positive labels and no positive predictions (sklearn's
-    ``zero_division`` default).
-    """
     p, y = _pair(preds, labels)
-    pp, yp = p == pos_label, y == pos_label
-    tp = float(np.sum(pp & yp))
-    denom = 2.0 * tp + float(np.sum(pp & ~yp)) + float(np.sum(~pp & yp))
-    return 0.0 if denom == 0 else 2.0 * tp / denom
+    return float(skm.f1_score(y, p, pos_label=pos_label, average="binary", zero_division=0.0))
+
+
+def _correlatable(x: np.ndarray, z: np.ndarray) -> bool:
+    """Whether a correlation of ``x`` and ``z`` is defined: two or more values, all finite, neither constant."""
+    return (x.size >= 2 and bool(np.all(np.isfinite(x)) and np.all(np.isfinite(z)))
+            and not bool(np.all(x == x[0])) and not bool(np.all(z == z[0])))
 
 
 def pearson(preds: Any, labels: Any) -> float:
-    """Pearson correlation coefficient (scipy ``pearsonr(...).statistic``).
+    """Pearson correlation (``scipy.stats.pearsonr``); NaN when either input is constant or not finite."""
+    from scipy import stats
 
-    NaN when either input is constant or contains a non-finite value (scipy returns NaN for a
-    constant input too).
-    """
     p, y = _pair(preds, labels)
     x, z = p.astype(np.float64), y.astype(np.float64)
-    if x.size < 2 or not (np.all(np.isfinite(x)) and np.all(np.isfinite(z))):
+    if not _correlatable(x, z):
         return float("nan")
-    if np.all(x == x[0]) or np.all(z == z[0]):
-        return float("nan")  # test equality, not the centred norm: the mean of equal values can round
-    xm, zm = x - x.mean(), z - z.mean()
-    nx, nz = np.linalg.norm(xm), np.linalg.norm(zm)
-    if nx == 0 or nz == 0:
-        return float("nan")
-    # Normalise before the dot product so large values cannot overflow; clip rounding past ±1.
-    r = float(np.dot(xm / nx, zm / nz))
-    return max(-1.0, min(1.0, r))
+    return float(stats.pearsonr(x, z).statistic)
 
 
 def rankdata_average(x: Any) -> np.ndarray:
-    """1-based ranks with ties given their average rank (scipy ``rankdata(method="average")``)."""
-    a = _to_numpy(x).reshape(-1)
-    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
-    last = np.cumsum(counts).astype(np.float64)  # 1-based rank of the last member of each tie group
-    avg = last - (counts - 1) / 2.0
-    return avg[inverse.reshape(-1)]
+    """1-based ranks with ties given their average rank (``scipy.stats.rankdata(method="average")``)."""
+    from scipy import stats
+
+    return stats.rankdata(_to_numpy(x).reshape(-1), method="average")
 
 
 def spearman(preds: Any, labels: Any) -> float:
-    """Spearman rank correlation: Pearson of average-tie ranks (scipy ``spearmanr``). NaN as for :func:`pearson`."""
+    """Spearman rank correlation (``scipy.stats.spearmanr``); NaN as for :func:`pearson`."""
+    from scipy import stats
+
     p, y = _pair(preds, labels)
     x, z = p.astype(np.float64), y.astype(np.float64)
-    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(z))):
+    if not _correlatable(x, z):
         return float("nan")
-    return pearson(rankdata_average(x), rankdata_average(z))
+    return float(stats.spearmanr(x, z).statistic)
 
 
 def _class_preds(preds: Any) -> np.ndarray:

@@ -427,8 +427,9 @@ class CheckpointManager:
         self.world_size = world_size
 
     def save(self, engine, step: int, *, rank_state: dict[str, Any], trainer_state: dict[str, Any],
-             model_config: dict[str, Any] | None = None, crash: bool = False) -> Path:
-        """Collective: every rank calls it. Returns the final tag folder."""
+             model_config: dict[str, Any] | None = None, crash: bool = False, protect: tuple[str, ...] = ()) -> Path:
+        """Collective: every rank calls it. Returns the final tag folder. Rotation (``keep``) never deletes
+        the tags in ``protect`` (e.g. the best checkpoint of a fine-tuning run)."""
         tag = tag_for(step)
         final = self.dir / tag
         tmp_tag = f".tmp-{tag}"
@@ -466,12 +467,12 @@ class CheckpointManager:
             _atomic_write(self.dir / "latest", tag.encode())
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
-            self._rotate(keep_tag=tag)
+            self._rotate(keep_tag=tag, protect=protect)
         _barrier()
         return final
 
-    def _rotate(self, keep_tag: str) -> None:
-        tags = list_tags(self.dir)
+    def _rotate(self, keep_tag: str, protect: tuple[str, ...] = ()) -> None:
+        tags = [t for t in list_tags(self.dir) if t not in protect]
         for old in tags[: max(0, len(tags) - self.keep)]:
             if old != keep_tag:
                 shutil.rmtree(self.dir / old, ignore_errors=True)

@@ -54,8 +54,23 @@ StepsOrFraction = Union[int, float]
 # -- sections ---------------------------------------------------------------------------------------------
 @dataclass
 class DataConfig:
-    #: Prepared data folder (``adaponder-prepare`` output: ``meta.json`` + shards).
+    #: ``packed``: ``path`` is a prepared data folder (``adaponder-prepare`` output: ``meta.json`` + shards).
+    #: ``indexed``: ``path`` is the PREFIX of a Megatron/GPT-NeoX indexed dataset (``PREFIX.bin`` +
+    #: ``PREFIX.idx``, e.g. Pythia's pre-tokenized Pile); see :mod:`adaponder.data.indexed`.
+    format: Literal["packed", "indexed"] = "packed"
+    #: Prepared data folder, or the indexed dataset's PREFIX (``data.format: indexed``).
     path: str | None = None
+    #: ``data.format: indexed`` only. ``sequences``: every item is one ready sample of ``seq_len + 1`` tokens,
+    #: read in stored order (global batch b = items b·G … b·G+G−1: Pythia's pre-shuffled Pile, bit for bit);
+    #: ``documents``: items are documents, packed with EOD and shuffled by seed like prepared shards.
+    order: Literal["sequences", "documents"] = "sequences"
+    #: ``documents`` order: put the EOD token after every document (``null``: unless they end with it already).
+    append_eod: bool | None = None
+    #: A separate validation source: a prepared data folder (its ``val_split``) or an indexed PREFIX (all of
+    #: it; order ``val_order``, default ``order``). ``null``: the ``val`` split of ``path`` (packed only).
+    val_path: str | None = None
+    val_split: str = "val"
+    val_order: Literal["sequences", "documents"] | None = None
     #: Raw inputs to prepare into ``path`` when it holds no ``meta.json`` yet: files, folders, globs, or
     #: ``"bundled"`` for the public-domain corpus shipped with adaponder. ``None``: ``path`` must exist.
     prepare: list[str] | None = None
@@ -134,8 +149,9 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str = "adaponder"
     wandb_name: str | None = None
-    #: Peak FLOP/s of one device for MFU (default: H100 SXM dense bf16).
-    peak_flops: float = 989e12
+    #: Peak FLOP/s of one device for MFU (logged as ``mfu_pct``). ``null``: CUDA devices from a table of known
+    #: data-sheet peaks (:mod:`adaponder.train.peak`; unknown device: no MFU), CPUs measured at start-up.
+    peak_flops: float | None = None
 
 
 @dataclass
@@ -151,7 +167,9 @@ class EvalConfig:
 
 
 @dataclass
-class TrainSection:
+class RunConfig:
+    """The ``train:`` section: output folder, length, batch, seed and stopping of the run."""
+
     out_dir: str = "runs/default"
     #: Optimizer steps; or give ``tokens`` (a budget: steps = ceil(tokens / tokens per step)).
     steps: int | None = None
@@ -175,9 +193,13 @@ class TrainSection:
 
 @dataclass
 class InitConfig:
-    """A14: continued pretraining from a local GPT-NeoX/Pythia or AdaPonder Hugging Face checkpoint."""
+    """A14: continued pretraining from a GPT-NeoX/Pythia or AdaPonder Hugging Face checkpoint: a local folder, or
+    a hub id (``EleutherAI/pythia-410m-deduped``) with ``revision`` (``step143000``) resolved through the Hugging
+    Face cache (:func:`adaponder.hub.resolve_pretrained`)."""
 
     backbone: str | None = None
+    #: Hub ids only: branch, tag or commit (Pythia's checkpoints: ``step0`` … ``step143000``; null = main).
+    revision: str | None = None
     #: Tokens of the first stage, in which only the gates train (backbone frozen); 0 = no such stage.
     gates_only_tokens: int = 0
 
@@ -204,7 +226,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
     "eval": EvalConfig,
-    "train": TrainSection,
+    "train": RunConfig,
     "init": InitConfig,
     "debug": DebugConfig,
 }
@@ -220,7 +242,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    train: TrainSection = field(default_factory=TrainSection)
+    train: RunConfig = field(default_factory=RunConfig)
     init: InitConfig = field(default_factory=InitConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     #: Where the config came from (for messages); not part of the file.
@@ -249,7 +271,8 @@ class TrainConfig:
 
     def model_overrides(self) -> tuple[str, dict[str, Any]]:
         """(mode, overrides) for :meth:`AdaPonderForCausalLM.from_backbone` (continued pretraining)."""
-        values = dict(self.model)
+        shape = ("size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        values = {k: v for k, v in self.model.items() if not (k in shape and v is None)}  # --set model.size=null
         values.pop("size", None)
         mode = values.pop("mode", "adaponder")
         return mode, values
@@ -281,7 +304,7 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
         shape = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"}
         probs = [f"model.{k}: unknown key" for k in values if k not in AdaPonderConfig.known_keys() | {"size"}]
         probs += [f"model.{k}: cannot be set together with init.backbone (the shape comes from the checkpoint)"
-                  for k in values if k in shape or k == "size"]
+                  for k, v in values.items() if (k in shape or k == "size") and v is not None]
         return probs
     size = values.get("size")
     if size is not None:
@@ -323,6 +346,11 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
         p.append("data.train_tokenizer: cannot be combined with data.tokenizer (train one, or name one)")
     if d.prepare is not None and not d.prepare:
         p.append("data.prepare: an empty list; give inputs (or 'bundled') or leave it out")
+    if d.format == "indexed" and d.prepare is not None:
+        p.append("data.prepare: prepares packed shards, not an indexed dataset; leave it out with data.format indexed")
+    if d.format == "indexed" and d.val_path is None and (ev.every or ev.at_end):
+        p.append("data.val_path: required with data.format indexed while validation is on (an indexed PREFIX such "
+                 "as the Pile's validation set, or a prepared folder); or set eval.every: 0 and eval.at_end: false")
     if o.lr <= 0:
         p.append(f"optim.lr: must be > 0, got {o.lr}")
     if not 0 <= o.min_lr_ratio <= 1:
@@ -358,7 +386,7 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
         p.append(f"checkpoint.keep: must be >= 1, got {c.keep}")
     if lg.every < 1:
         p.append(f"logging.every: must be >= 1, got {lg.every}")
-    if lg.peak_flops <= 0:
+    if lg.peak_flops is not None and lg.peak_flops <= 0:
         p.append(f"logging.peak_flops: must be > 0, got {lg.peak_flops}")
     if ev.every < 0:
         p.append(f"eval.every: must be >= 0 (0 = only at the end), got {ev.every}")
@@ -392,8 +420,13 @@ def _semantic_problems(cfg: TrainConfig) -> list[str]:
         p.append(f"init.gates_only_tokens: must be >= 0, got {ini.gates_only_tokens}")
     if ini.gates_only_tokens > 0 and ini.backbone is None:
         p.append("init.gates_only_tokens: a gates-only stage needs init.backbone (continued pretraining)")
-    if ini.backbone is not None and not (Path(ini.backbone) / "config.json").is_file():
-        p.append(f"init.backbone: {ini.backbone} is not a Hugging Face checkpoint folder (no config.json)")
+    from adaponder.hub import is_hub_id
+
+    if ini.backbone is not None and not is_hub_id(ini.backbone) and not (Path(ini.backbone) / "config.json").is_file():
+        p.append(f"init.backbone: {ini.backbone} is not a Hugging Face checkpoint folder (no config.json) nor a hub "
+                 "id (org/name, e.g. EleutherAI/pythia-410m-deduped)")
+    if ini.revision is not None and ini.backbone is None:
+        p.append("init.revision: applies to a hub id in init.backbone (org/name); there is no init.backbone")
     if ini.gates_only_tokens > 0 and cfg.model.get("mode", "adaponder") != "adaponder":
         p.append("init.gates_only_tokens: only mode 'adaponder' has gates to train")
     return p

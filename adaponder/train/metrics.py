@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from adaponder.evaluation.accounting import exit_counts
+
 # Layout of the per-step statistics vector (summed over micro-batches and ranks by one all-reduce).
 NONFINITE, STOP, LOSS, LM, PONDER, MICRO, TOKENS, EXIT_SUM = range(8)
 HIST = 8  # followed by K exit-pass counts (D = 1..K)
@@ -43,7 +45,7 @@ def add_micro_batch(vec: torch.Tensor, loss: torch.Tensor, lm: torch.Tensor, pon
         d = exit_pass.reshape(-1)
         vec[TOKENS] += d.numel()
         vec[EXIT_SUM] += d.sum().double()
-        vec[HIST:HIST + k_passes] += torch.bincount(d - 1, minlength=k_passes)[:k_passes].double()
+        vec[HIST:HIST + k_passes] += exit_counts(d, k_passes).double()
     return True
 
 
@@ -67,11 +69,16 @@ def summarize(vec: torch.Tensor, k_passes: int) -> dict[str, Any]:
 
 
 class Throughput:
-    """Tokens/s, achieved FLOP/s and MFU over the time spent in training steps (eval and saves excluded)."""
+    """Tokens/s, achieved FLOP/s and MFU (``mfu_pct``, a percentage) over the time spent in training steps (eval
+    and saves excluded). ``peak_flops_per_device`` None: no MFU (unknown device; see :mod:`.peak`). An MFU above
+    100 % means the peak is wrong: it is not reported, and ``warn`` (once) names the numbers."""
 
-    def __init__(self, train_flops_per_token: float, peak_flops_per_device: float, world_size: int):
+    def __init__(self, train_flops_per_token: float, peak_flops_per_device: float | None, world_size: int,
+                 warn=None):
         self.flops_per_token = train_flops_per_token
-        self.peak = peak_flops_per_device * world_size
+        self.peak = peak_flops_per_device * world_size if peak_flops_per_device else None
+        self.warn = warn
+        self._warned = False
         self.reset()
 
     def reset(self) -> None:
@@ -87,7 +94,17 @@ class Throughput:
             return {}
         tps = self.tokens / self.seconds
         flops = tps * self.flops_per_token
-        return {"tokens_per_s": tps, "flops_per_s": flops, "mfu": flops / self.peak}
+        out = {"tokens_per_s": tps, "flops_per_s": flops}
+        if self.peak:
+            pct = 100.0 * flops / self.peak
+            if pct <= 100.0:
+                out["mfu_pct"] = pct
+            elif not self._warned:
+                self._warned = True
+                if self.warn is not None:
+                    self.warn(f"achieved {flops:.3e} FLOP/s exceeds the peak of {self.peak:.3e} FLOP/s: the peak is "
+                              "wrong for this machine (set logging.peak_flops); MFU is not reported")
+        return out
 
 
 def _fmt(v: Any) -> str:
@@ -161,13 +178,14 @@ def write_console(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def progress_bar(enabled: bool, total: int, initial: int):
+def progress_bar(enabled: bool, total: int, initial: int, desc: str = "train", unit: str = "step"):
+    """The run's main progress bar (``write_console`` prints above it), or None when not ``enabled``."""
     global _BAR
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    _BAR = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr,
+    _BAR = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
                 mininterval=1.0)
     return _BAR
 
@@ -180,9 +198,10 @@ def close_progress_bar() -> None:
 
 
 def train_line(step: int, total: int, r: dict[str, Any]) -> str:
-    keys = ["loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass", "lr", "grad_norm", "tokens_per_s",
-            "mfu"]
+    keys = ["loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass", "lr", "grad_norm", "tokens_per_s"]
     parts = [f"step {step}/{total}"] + [f"{k} {_fmt(r[k])}" for k in keys if k in r and r[k] is not None]
+    if r.get("mfu_pct") is not None:
+        parts.append(f"MFU {r['mfu_pct']:.1f} %")
     if "active_fraction" in r:
         parts.append("active " + "/".join(f"{a:.2f}" for a in r["active_fraction"]))
     if r.get("skipped"):

@@ -5,7 +5,8 @@ partitions with ZeRO 1–3). The guard makes that call a no-op — no parameter 
 not even Adam's step count — when
 
 * the trainer vetoed the step (a non-finite loss on any rank), or
-* any gradient it sees is non-finite on any rank (checked with one all-reduce), or
+* any gradient it sees is non-finite on any rank (one reduction on the device, one all-reduce, one host
+  sync per step), or
 * a parameter group is frozen (the gates-only stage of continued pretraining, A14): that group is left out.
 
 ZeRO 1–3 already skip a step whose global gradient norm is non-finite before reaching us; the guard
@@ -25,20 +26,17 @@ class _Guard:
         self.check_grads = True
 
     def _nonfinite_grads(self, groups) -> bool:
-        bad = False
-        for g in groups:
-            for p in g["params"]:
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    bad = True
-                    break
-            if bad:
-                break
+        """Whether any gradient of ``groups`` (frozen ones included) holds a NaN/Inf here or on any rank.
+        The per-tensor checks stay on the device; the host waits once, for the combined flag."""
+        grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        flags = [torch.isfinite(g).all().to(device) for g in grads]
+        bad = torch.logical_not(torch.stack(flags).all()) if flags else torch.zeros((), dtype=torch.bool, device=device)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            device = next((p.grad.device for g in groups for p in g["params"] if p.grad is not None), "cpu")
-            flag = torch.tensor([1.0 if bad else 0.0], device=device)
+            flag = bad.to(torch.float32).reshape(1)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            bad = bool(flag.item() > 0)
-        return bad
+            bad = flag[0] > 0
+        return bool(bad)
 
     @torch.no_grad()
     def step(self, closure=None, **kwargs):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import socket
 import time
@@ -26,9 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
+
+from adaponder.seeding import seed_everything
 
 from . import metrics as M
 from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
@@ -90,18 +90,40 @@ def _broadcast_error(message: str | None) -> str | None:
     return box[0]
 
 
-def _any_rank(flag: bool, device) -> bool:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
+    """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
+    that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
+    pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
+                                           dist_init_required=False)
+    if ds_config.get("zero_optimization", {}).get("stage") == 3:
+        module = engine.module
+        for p in module.external_parameters():
+            deepspeed.zero.register_external_parameter(module, p)
+    return engine
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+def install_stop_signals(on_stop) -> dict:
+    """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
+    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). Returns the previous
+    handlers, for :func:`restore_signals`."""
+    sigints = [0]
+
+    def handler(signum, frame):
+        if signum == signal.SIGINT:
+            sigints[0] += 1
+            if sigints[0] > 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        on_stop(signum)
+
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def restore_signals(old_handlers: dict) -> None:
+    for s, h in old_handlers.items():
+        signal.signal(s, h)
 
 
 def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -125,7 +147,6 @@ class Trainer:
         self.cfg = cfg
         self.resume_arg = resume
         self.stop_signal: int | None = None
-        self._sigint_count = 0
 
     # ---- setup ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -178,8 +199,26 @@ class Trainer:
         run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
         self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
         flops = self.model.flops_per_token(None, context=self.plan.seq_len, training=True)["total"]
-        self.throughput = M.Throughput(flops, cfg.logging.peak_flops, self.world_size)
+        self.throughput = M.Throughput(flops, self._peak_flops(), self.world_size,
+                                       warn=lambda line: self.rank == 0 and M.write_console(line))
         self._install_signals()
+
+    def _peak_flops(self) -> float | None:
+        """Peak FLOP/s per device for MFU: logging.peak_flops, the CUDA table, or measured on the CPU (every rank
+        at once, averaged; see :mod:`.peak`)."""
+        from .peak import resolve_peak
+
+        measure = self.cfg.logging.peak_flops is None and self.device.type == "cpu"
+        if measure and dist.is_initialized() and self.world_size > 1:
+            dist.barrier()  # ranks measure together, as they will train together
+        peak, how = resolve_peak(self.cfg.logging.peak_flops, self.device, self.cfg.deepspeed.precision)
+        if measure and dist.is_initialized() and self.world_size > 1:
+            t = torch.tensor([peak], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            peak = float(t) / self.world_size
+        if self.rank == 0:
+            M.write_console(f"MFU peak: {f'{peak:.3e} FLOP/s per device' if peak else 'none'} ({how})")
+        return peak
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -219,7 +258,14 @@ class Trainer:
             mode, overrides = cfg.model_overrides()
             torch.manual_seed(cfg.train.seed)
             try:
-                model = AdaPonderForCausalLM.from_backbone(cfg.init.backbone, mode=mode, **overrides)
+                from adaponder.hub import is_hub_id, resolve_pretrained  # a local folder, or a hub id via the HF cache
+
+                revision = cfg.init.revision if is_hub_id(cfg.init.backbone) else None
+                if cfg.init.revision and revision is None and self.rank == 0:
+                    M.write_console(f"init.revision {cfg.init.revision} applies to hub ids; {cfg.init.backbone} is a "
+                                    "local folder, used as it is")
+                source = resolve_pretrained(cfg.init.backbone, revision)
+                model = AdaPonderForCausalLM.from_backbone(str(source), mode=mode, **overrides)
             except (OSError, ValueError, TypeError) as err:
                 if isinstance(err, AdaPonderConfigError):
                     raise
@@ -245,22 +291,18 @@ class Trainer:
         self.model = model
         self.k_passes = model.config.num_passes
         self.gated = bool(model.config.gated)
-        self._fwd_extra = {"return_logits": False} if "return_logits" in _params(model.forward) else {}
 
-        from adaponder.data.loader import PackedLoader
+        from adaponder.data.training_source import train_loader, validation_batches
 
-        self.loader = PackedLoader(cfg.data.path, split="train", seq_len=self.plan.seq_len,
-                                   micro_batch_size=self.plan.micro_batch, rank=self.rank,
-                                   world_size=self.world_size, seed=cfg.train.seed,
-                                   tokenizer_fingerprint=self.tokenizer.fingerprint,
-                                   vocab_size=model.config.vocab_size)
-        # Fail now, not at the first validation, if the val split is unusable.
-        from adaponder.data.loader import iter_eval_batches
-
+        # data.format packed (PackedLoader) or indexed (IndexedLoader, Megatron .bin/.idx): same interface.
+        self.loader = train_loader(cfg.data, seq_len=self.plan.seq_len, micro_batch=self.plan.micro_batch,
+                                   rank=self.rank, world_size=self.world_size, seed=cfg.train.seed,
+                                   tokenizer=self.tokenizer, vocab_size=model.config.vocab_size)
+        # Fail now, not at the first validation, if the validation data (data.val_path or the val split) is unusable.
         if cfg.eval.every or cfg.eval.at_end:
-            next(iter_eval_batches(cfg.data.path, self.plan.seq_len, 1, rank=self.rank, world_size=self.world_size,
-                                   tokenizer_fingerprint=self.tokenizer.fingerprint,
-                                   vocab_size=model.config.vocab_size, max_batches=1), None)
+            next(validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=1, rank=self.rank,
+                                    world_size=self.world_size, tokenizer=self.tokenizer,
+                                    vocab_size=model.config.vocab_size, max_batches=1), None)
 
     def _compat(self) -> dict[str, Any]:
         c = self.model.config
@@ -278,8 +320,6 @@ class Trainer:
         }
 
     def _setup_engine(self) -> None:
-        import deepspeed
-
         cfg = self.cfg
         groups = param_groups(self.model, cfg.optim.weight_decay)
         kw = dict(lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
@@ -295,15 +335,7 @@ class Trainer:
             for name, p in self.model.named_parameters():
                 if not name.startswith("gates."):
                     p.register_hook(lambda g: torch.zeros_like(g) if self._backbone_frozen else g)
-        engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=opt, config=self.ds_config,
-                                               dist_init_required=False)
-        self.engine = engine
-        if cfg.deepspeed.zero_stage == 3:
-            # The pass loop reads the embedding and output matrices outside their modules (pondering
-            # embedding A4, chunked cross-entropy): let ZeRO-3 gather them for the whole forward.
-            module = engine.module
-            for p in (module.gpt_neox.embed_in.weight, module.lm_head.weight):
-                deepspeed.zero.register_external_parameter(module, p)
+        self.engine = engine = create_engine(self.model, opt, self.ds_config)
         self.model = engine.module
 
     # ---- checkpoints ----------------------------------------------------------------------------------
@@ -345,18 +377,10 @@ class Trainer:
 
     # ---- signals --------------------------------------------------------------------------------------
     def _install_signals(self) -> None:
-        def handler(signum, frame):
-            if signum == signal.SIGINT:
-                self._sigint_count += 1
-                if self._sigint_count > 1:
-                    raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-            self.stop_signal = signum
-
-        self._old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._old_handlers = install_stop_signals(lambda signum: setattr(self, "stop_signal", signum))
 
     def _restore_signals(self) -> None:
-        for s, h in getattr(self, "_old_handlers", {}).items():
-            signal.signal(s, h)
+        restore_signals(getattr(self, "_old_handlers", {}))
 
     # ---- one optimizer step ---------------------------------------------------------------------------
     def _set_stage(self, step: int) -> str:
@@ -386,7 +410,7 @@ class Trainer:
             x = next(train_iter).to(self.device, non_blocking=True)
             if cfg.debug.trace_batches:
                 self._trace(step, x)
-            out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, **self._fwd_extra)
+            out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False)
             loss, lm, pl = training_loss(out, ps)
             if inject:
                 loss = loss * float("nan")
@@ -434,7 +458,7 @@ class Trainer:
     # ---- validation -----------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, max_batches: int | None) -> dict[str, Any]:
-        from adaponder.data.loader import iter_eval_batches
+        from adaponder.data.training_source import validation_batches
 
         cfg, engine = self.cfg, self.engine
         model = engine.module
@@ -446,10 +470,10 @@ class Trainer:
         vec = eval_vector(self.k_passes, self.device)
         mb = cfg.eval.micro_batch or self.plan.micro_batch
         try:
-            for x in iter_eval_batches(cfg.data.path, self.plan.seq_len, mb, rank=self.rank,
-                                       world_size=self.world_size, tokenizer_fingerprint=self.tokenizer.fingerprint,
-                                       vocab_size=model.config.vocab_size, max_batches=max_batches):
-                eval_batch(engine, x.to(self.device), vec, self.k_passes, self._fwd_extra)
+            for x in validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=mb, rank=self.rank,
+                                        world_size=self.world_size, tokenizer=self.tokenizer,
+                                        vocab_size=model.config.vocab_size, max_batches=max_batches):
+                eval_batch(engine, x.to(self.device), vec, self.k_passes)
         finally:
             model.config.compact_inference = compact
             engine.train()
@@ -615,15 +639,6 @@ class Trainer:
             self.sink.close()
 
 
-def _params(fn) -> set[str]:
-    import inspect
-
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
     """Set up, train, export; returns the process exit code. Errors the user can fix print one clear message."""
     from adaponder.data.errors import DataError
@@ -652,4 +667,5 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE"]
+__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals",
+           "restore_signals", "EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE"]

@@ -9,8 +9,9 @@ metadata and, via ``simple_evaluate``, the model args, hence the ``**_`` catch-a
 Data folder, first match wins:
   1. metadata key ``adaponder_eval_data`` (``lm_eval ... --metadata adaponder_eval_data=/path``,
      or ``TaskManager(include_path=..., metadata={"adaponder_eval_data": "/path"})``);
-  2. environment variable ``ADAPONDER_EVAL_DATA``;
-  3. ``<repo root>/../shared/data/eval``.
+  2. environment variable ``ADAPONDER_EVAL_DATA``.
+Neither set: a ``FileNotFoundError`` saying so (no default location outside the checkout). Online, lm-eval's
+official tasks (``lambada_openai``, ``piqa``, ...) need no folder: they download the Hugging Face datasets.
 """
 
 from __future__ import annotations
@@ -23,11 +24,17 @@ import datasets
 
 ENV_VAR = "ADAPONDER_EVAL_DATA"
 METADATA_KEY = "adaponder_eval_data"
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
 
 
 def data_dir(adaponder_eval_data: str | os.PathLike | None = None) -> Path:
-    return Path(adaponder_eval_data or os.environ.get(ENV_VAR) or DEFAULT_DATA_DIR).expanduser()
+    where = adaponder_eval_data or os.environ.get(ENV_VAR)
+    if not where:
+        raise FileNotFoundError(
+            f"no data folder for the AdaPonder eval tasks: set ${ENV_VAR}=/path (the folder holding "
+            "lambada_openai/, piqa/, arc_easy/, arc_challenge/, sciq/, winogrande/ in their original release "
+            f"formats) or pass --metadata {METADATA_KEY}=/path (see eval/tasks/README.md); online, lm-eval's "
+            "official tasks (lambada_openai, piqa, arc_easy, arc_challenge, sciq, winogrande) need no folder")
+    return Path(where).expanduser()
 
 
 def _file(root: Path, rel: str) -> Path:

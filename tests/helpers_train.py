@@ -1,4 +1,5 @@
-"""Small fixtures for tests and quick experiments: a toy tokenizer, corpus and training config.
+"""Helpers of the training tests (not a test module, not part of the package): a toy tokenizer, corpus and
+training config, and ways to run ``launch/pretrain.py`` (a driver script run by a fresh interpreter).
 
 A 50k-token vocabulary makes the pondering products (2·d·V per token and pass) dominate a tiny model on a
 CPU; the tests therefore train a ~300-token byte-level BPE on a slice of the bundled corpus, so a training
@@ -10,6 +11,8 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 from typing import Any
+
+from conftest import REPO
 
 TINY_VOCAB = 320
 
@@ -85,23 +88,7 @@ def tiny_train_config(data: Path, tokenizer: Path, out_dir: Path, **sections: An
     return cfg
 
 
-
-
 # -- running the launcher from tests ----------------------------------------------------------------------
-REPO = Path(__file__).resolve().parents[2]
-
-_DRIVER = r"""
-import json, sys
-sys.path.insert(0, {launch!r})
-from pretrain import main
-codes = []
-for argv in json.loads(sys.argv[1]):
-    codes.append(main(argv))
-    print("ADAPONDER_EXIT", codes[-1], flush=True)
-print("ADAPONDER_CODES", json.dumps(codes), flush=True)
-"""
-
-
 def cpu_env(**extra: str) -> dict[str, str]:
     """Environment for CPU runs: DeepSpeed's CPU accelerator (gloo), offline hubs, no wandb."""
     import os
@@ -114,32 +101,12 @@ def cpu_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_launcher_in_one_process(runs: list[list[str]], timeout: float = 300, cwd: str | Path | None = None):
-    """Run ``launch/pretrain.py main(argv)`` for each argv list, one after another in ONE fresh Python
-    process (one 1-rank process group, one import of torch/DeepSpeed). Returns (exit codes, output)."""
-    import json
-    import subprocess
-    import sys
-
-    code = _DRIVER.format(launch=str(REPO / "launch"))
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], cwd=str(cwd or REPO), env=cpu_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    codes = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("ADAPONDER_CODES"):
-            codes = json.loads(line.split(" ", 1)[1])
-    if codes is None:
-        raise RuntimeError(f"driver failed (exit {proc.returncode}):\n{out[-6000:]}")
-    return codes, out
-
-
 _WORKER = r"""
 import contextlib, io, json, os, sys, traceback
 reply = os.fdopen(os.dup(1), "w")  # replies only; anything else written to fd 1 goes where stderr goes
 os.dup2(2, 1)
 sys.path.insert(0, {launch!r})
-from pretrain import main
+from {script} import main
 for line in sys.stdin:
     argv = json.loads(line)
     buf = io.StringIO()
@@ -154,14 +121,16 @@ for line in sys.stdin:
 
 
 class LauncherWorker:
-    """One long-lived Python process that runs ``launch/pretrain.py main(argv)`` on request, so a test
-    module pays for importing torch/DeepSpeed/transformers once. ``run(argv) -> (exit code, output)``."""
+    """One long-lived Python process that runs ``launch/<script>.py main(argv)`` on request (default
+    ``pretrain``; ``finetune_glue`` works alike), so a test module pays for importing torch/DeepSpeed/transformers
+    once. ``run(*argv) -> (exit code, output)``."""
 
-    def __init__(self, cwd: str | Path | None = None):
+    def __init__(self, cwd: str | Path | None = None, script: str = "pretrain"):
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", _WORKER.format(launch=str(REPO / "launch"))],
+        code = _WORKER.format(launch=str(REPO / "launch"), script=script)
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", code],
                                      cwd=str(cwd or REPO), env=cpu_env(), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
@@ -214,5 +183,5 @@ def write_config(path: str | Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
-__all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB", "cpu_env",
-           "run_launcher_in_one_process", "LauncherWorker", "deepspeed_launch", "read_metrics", "write_config"]
+__all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB", "REPO", "cpu_env",
+           "LauncherWorker", "deepspeed_launch", "read_metrics", "write_config"]

@@ -1,4 +1,5 @@
-"""Shared helpers of the evaluation tests: a tiny saved AdaPonder checkpoint with the Pythia tokenizer.
+"""Shared helpers of the evaluation tests (not a test module): a tiny saved AdaPonder checkpoint with the
+Pythia tokenizer.
 
 The checkpoint is built once per test session (cached here, the module is shared by every test file that
 imports it) and lives under pytest's session temporary folder.
@@ -55,12 +56,3 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OFFLINE_ENV)
     return env
-
-
-def test_fixture_checkpoint_round_trips(tmp_path_factory):
-    from adaponder.modeling import AdaPonderForCausalLM
-
-    path = tiny_checkpoint(tmp_path_factory)
-    model = AdaPonderForCausalLM.from_pretrained(path)
-    assert model.config.halting_threshold == 0.5 and model.config.passes == 4 and len(model.gates) == 3
-    assert (path / "tokenizer.json").is_file()

@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""Pretrain AdaPonderLM (or a baseline) with DeepSpeed.
+
+    deepspeed launch/pretrain.py --config configs/pythia410m.yaml                 # all local GPUs
+    deepspeed --hostfile hosts launch/pretrain.py --config configs/pythia1b.yaml  # multi-node
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 launch/pretrain.py --config configs/tiny.yaml
+    python launch/pretrain.py --config configs/tiny.yaml --set train.steps=50     # one process, no launcher
+    adaponder-pretrain --config configs/tiny.yaml                                 # installed: any folder
+    deepspeed --module adaponder.cli.pretrain --config configs/pythia410m.yaml    # installed, with the launcher
+
+    --set key.path=value   override any config value (repeatable), e.g. --set optim.lr=3e-4
+    --resume auto|PATH     auto: continue from the newest checkpoint of the run (fresh start if none);
+                           PATH: a checkpoint folder or one stepNNNNNNNN folder in it
+
+``--config`` is a file, or the name of a preset shipped with adaponder (``configs/tiny.yaml``, ``tiny``) when no
+such file exists here.
+
+Exit codes: 0 done; 2 configuration/data/checkpoint error (nothing written); 3 stopped after too many
+non-finite steps; 128+signal after SIGTERM/SIGINT (a checkpoint was written first).
+"""
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="training YAML (configs/*.yaml, or a shipped preset's name)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. optim.lr=3e-4 (repeatable)")
+    p.add_argument("--resume", default=None, metavar="auto|PATH", help="continue a run from a checkpoint")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    args = p.parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+
+    from adaponder.resources import find_config
+    from adaponder.train.config import TrainConfigError, load_config
+
+    try:
+        cfg = load_config(find_config(args.config), args.overrides)
+    except TrainConfigError as err:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    from adaponder.train.trainer import run
+
+    return run(cfg, args.resume)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Files that ship with adaponder besides its Python modules: the lm-eval task folder, the configuration presets
+and the launch scripts.
+
+In a source checkout (or an editable install) they are the repository's ``eval/tasks``, ``configs`` and
+``launch``; a wheel (``pip install .``) carries copies under ``adaponder/_resources/`` (added by ``setup.py``'s
+``build_py``), so the console scripts work from any folder without the repository.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+_BUNDLED = _PACKAGE / "_resources"
+#: name in the wheel -> folder in the repository
+RESOURCES = {"eval_tasks": "eval/tasks", "configs": "configs", "launch": "launch"}
+
+
+def repo_root() -> Path | None:
+    """The source checkout adaponder is imported from (it holds pyproject.toml), or None for an installed wheel."""
+    root = _PACKAGE.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "adaponder").is_dir() else None
+
+
+def resource_dir(name: str) -> Path | None:
+    """The folder of resource ``name`` (a key of :data:`RESOURCES`): the checkout's, else the wheel's."""
+    root = repo_root()
+    if root is not None and (root / RESOURCES[name]).is_dir():
+        return root / RESOURCES[name]
+    bundled = _BUNDLED / name
+    return bundled if bundled.is_dir() else None
+
+
+def task_dir() -> Path | None:
+    """The ``adaponder_*`` lm-eval task definitions (``eval/tasks``)."""
+    return resource_dir("eval_tasks")
+
+
+def configs_dir() -> Path | None:
+    """The configuration presets (``configs``)."""
+    return resource_dir("configs")
+
+
+def find_config(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it exists; else the preset of that name shipped with adaponder (``configs/tiny.yaml``,
+    ``tiny.yaml`` and ``tiny`` all name ``<configs>/tiny.yaml``). Returns ``path`` unchanged when neither exists
+    (the caller reports the missing file)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    base = configs_dir()
+    if base is None:
+        return p
+    rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
+    for candidate in (base / rel, base / rel.with_suffix(".yaml")):
+        if candidate.is_file():
+            return candidate
+    return p
+
+
+def launch_script(name: str) -> Path | None:
+    """``launch/<name>.py`` of the checkout, else of the wheel."""
+    folder = resource_dir("launch")
+    path = folder / f"{name}.py" if folder is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+__all__ = ["RESOURCES", "repo_root", "resource_dir", "task_dir", "configs_dir", "find_config", "launch_script"]
