@@ -63,6 +63,14 @@ def check_claims(results: Sequence[Mapping]) -> list[dict[str, str]]:
         rows.append({"claim": "(1) PonderLM-style pondering beats vanilla at the same parameters and tokens",
                      "numbers": f"ppl vanilla {van:.2f} vs ponderlm {pon:.2f} (mean over seeds; {noise_txt})",
                      "verdict": verdict})
+    k1 = _mean_ppl(results, "ponderlm-k1")
+    if k1 is not None and pon is not None:
+        diff = k1 - pon
+        tol = noise if math.isfinite(noise) else 0
+        rows.append({"claim": "(1, control) the gain comes from the extra passes: PonderLM (K passes) beats the same "
+                              "input scale and init with one pass (ponderlm-k1)",
+                     "numbers": f"ppl ponderlm-k1 {k1:.2f} vs ponderlm {pon:.2f} ({noise_txt})",
+                     "verdict": "holds" if diff > tol else "does not hold" if diff < -tol else "within noise"})
     gated = [r for r in results if _gated(r)]
     if pon is not None and gated:
         pon_flops = sum(_mflops(r["heldout"]) for r in results if r["arm"] == "ponderlm") / \
