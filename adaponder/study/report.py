@@ -158,7 +158,8 @@ def pareto_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
                                    edgecolors=_color(i), linewidths=1.6, zorder=4,
                                    label=f"{arm_id(arm, r['seed'])} fixed pruning, {rule}")
     ax.set_xlabel("inference MFLOPs per token (A17 convention, held-out windows)")
-    ax.set_ylabel("held-out perplexity")
+    ax.set_ylabel("held-out perplexity (log scale)")
+    ax.set_yscale("log")  # one weak arm must not flatten the differences between the others
     ax.set_title("Perplexity vs inference compute (lower left is better)", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
