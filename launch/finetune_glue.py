@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="checkpoint directory (AdaPonder or GPT-NeoX HF format) or 'tiny-random'; "
                          "default: the config's 'init'")
     ap.add_argument("--data-dir", default=None,
-                    help="GLUE root with <Task>/{train,dev}.tsv (default: $ADAPONDER_GLUE_DIR or ../shared/data/glue)")
+                    help="GLUE root with <Task>/{train,dev}.tsv (default: $ADAPONDER_GLUE_DIR; one of the two is required)")
     ap.add_argument("--output", default=None, help="output directory (default: runs/glue/<task>-<method>-s<seed>)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. train.lr=1e-4 (repeatable)")

@@ -14,7 +14,7 @@ from conftest import REPO
 VARS = ("ADAPONDER_EVAL_DATA", "ADAPONDER_HELDOUT_DATA", "ADAPONDER_GLUE_DIR", "ADAPONDER_SHARED_DATA")
 # Owned by the PALBERT refactor (issue 15 item 4 handed to the lead): $ADAPONDER_GLUE_DIR / --data-dir with a
 # ../shared/data/glue fallback. Remove them from this list once that fallback is gone.
-PENDING = {"adaponder/palbert/finetune.py", "launch/finetune_glue.py"}
+PENDING: set[str] = set()
 
 
 def _env():
@@ -86,3 +86,15 @@ def test_the_variable_is_honoured(var, tmp_path, monkeypatch):
         utils.data_dir()
     monkeypatch.setenv(var, str(tmp_path))
     assert utils.data_dir() == tmp_path and utils.data_dir("/x") == __import__("pathlib").Path("/x")
+
+
+def test_glue_fine_tuning_without_data_says_which_flag_or_variable_to_set(monkeypatch):
+    from adaponder.palbert.finetune import default_glue_dir
+    from adaponder.palbert.glue import GlueDataError
+
+    monkeypatch.delenv("ADAPONDER_GLUE_DIR", raising=False)
+    monkeypatch.delenv("ADAPONDER_SHARED_DATA", raising=False)
+    with pytest.raises(GlueDataError, match="--data-dir .* ADAPONDER_GLUE_DIR"):
+        default_glue_dir()
+    monkeypatch.setenv("ADAPONDER_GLUE_DIR", "/data/glue")
+    assert default_glue_dir() == "/data/glue"

@@ -56,6 +56,7 @@ from adaponder.palbert.classifier import (
 )
 from adaponder.palbert.config import FinetuneConfig, FinetuneConfigError
 from adaponder.palbert.glue import (
+    GlueDataError,
     GlueTaskSpec,
     encode_examples,
     get_task,
@@ -140,14 +141,16 @@ def load_glue_tokenizer(path: str | None = None) -> GlueTokenizer:
 
 
 def default_glue_dir() -> str:
-    """``$ADAPONDER_GLUE_DIR``, else ``$ADAPONDER_SHARED_DATA/glue``, else ``<repo>/../shared/data/glue``."""
+    """``$ADAPONDER_GLUE_DIR``, else ``$ADAPONDER_SHARED_DATA/glue``; neither set is a :class:`GlueDataError`
+    (the package never guesses a location outside the checkout)."""
     import os
 
     if os.environ.get("ADAPONDER_GLUE_DIR"):
         return os.environ["ADAPONDER_GLUE_DIR"]
     if os.environ.get("ADAPONDER_SHARED_DATA"):
         return os.path.join(os.environ["ADAPONDER_SHARED_DATA"], "glue")
-    return str(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "glue")
+    raise GlueDataError("GLUE data folder", None, "not given: pass --data-dir DIR (DIR/<Task>/{train,dev}.tsv) "
+                        "or set ADAPONDER_GLUE_DIR")
 
 
 # ------------------------------------------------------------------------------------------------- model
