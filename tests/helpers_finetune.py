@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import REPO
-from helpers_train import cpu_env
+from helpers_train import LauncherWorker, cpu_env
 
 SCRIPT = REPO / "launch" / "finetune_glue.py"
 
@@ -40,50 +40,15 @@ def finetune_argv(task: str, output: str | Path, *overrides: str, init: str = "t
             *sets(*(SMOKE if smoke else []), *overrides)]
 
 
-_WORKER = r"""
-import contextlib, io, json, os, sys, traceback
-reply = os.fdopen(os.dup(1), "w")  # replies only; anything else written to fd 1 goes where stderr goes
-os.dup2(2, 1)
-sys.path.insert(0, {launch!r})
-from finetune_glue import main
-for line in sys.stdin:
-    argv = json.loads(line)
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            code = main(argv)
-    except BaseException:
-        code, _ = -1, buf.write(traceback.format_exc())
-    reply.write(json.dumps({{"code": code, "out": buf.getvalue()}}) + "\n")
-    reply.flush()
-"""
-
-
-class FinetuneWorker:
+class FinetuneWorker(LauncherWorker):
     """One Python process that runs ``launch/finetune_glue.py main(argv)`` on request (one import of
     torch/DeepSpeed/transformers, one 1-rank process group for all runs). ``run(argv) -> (exit code, output)``."""
 
     def __init__(self, cwd: str | Path | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", _WORKER.format(launch=str(REPO / "launch"))],
-                                     cwd=str(cwd or REPO), env=cpu_env(), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        super().__init__(cwd, script="finetune_glue")
 
     def run(self, argv: list[str]) -> tuple[int, str]:
-        self.proc.stdin.write(json.dumps([str(a) for a in argv]) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"fine-tuning worker died (exit {self.proc.poll()})")
-        reply = json.loads(line)
-        return reply["code"], reply["out"]
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        return super().run(*argv)
 
 
 def start_script(argv: list[str]) -> subprocess.Popen:
