@@ -116,6 +116,28 @@ def test_exported_checkpoint_loads_with_auto_classes_and_matches_engine_val_loss
         assert k == k2 and torch.equal(v, v2), k
 
 
+def test_training_validation_equals_adaponder_perplexity_on_the_same_windows(resumed_runs, data, tmp_path):
+    """One definition of validation perplexity: the trainer's final validation and ``adaponder-perplexity
+    --packing stream`` on the exported model score the same tokens in the same windows and agree."""
+    from adaponder.evaluation.perplexity import main as perplexity_main
+
+    tmp, _ = resumed_runs
+    engine_eval = read_metrics(tmp / "a", "eval")[-1]
+    out = tmp_path / "ppl.json"
+    code = perplexity_main([str(tmp / "a" / "hf"), "--data", str(data["data"]), "--packing", "stream",
+                            "--window", "32", "--max-tokens", str(engine_eval["val_tokens"]), "--json", str(out)])
+    assert code == 0
+    (row,) = json.loads(out.read_text())["results"].values()
+    assert row["tokens"] == engine_eval["val_tokens"]
+    assert row["ppl"] == pytest.approx(engine_eval["val_ppl"], rel=1e-5)
+    assert row["mean_exit"] == pytest.approx(engine_eval["mean_exit_pass"], abs=1e-9)
+    # The default (document) windowing is a different measurement on the same split: it must not agree by accident.
+    assert perplexity_main([str(tmp / "a" / "hf"), "--data", str(data["data"]), "--window", "32",
+                            "--max-tokens", str(engine_eval["val_tokens"]), "--json", str(out)]) == 0
+    (doc_row,) = json.loads(out.read_text())["results"].values()
+    assert doc_row["ppl"] != pytest.approx(engine_eval["val_ppl"], rel=1e-5)
+
+
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_resume_equals_continue_for_every_zero_stage(data, launcher, tmp_path, stage):
     common = dict(train={"steps": 5}, checkpoint={"every": 100}, eval={"at_end": False},

@@ -58,7 +58,7 @@ def dial_table(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from . import plots
     from .accounting import ONE_PASS_BASELINE
-    from .perplexity import _Codec, add_data_args, load_all
+    from .perplexity import _Codec, add_data_args, documents_from_args
     from .settings import load_for_eval, settings_of
 
     p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.dial", description=__doc__,
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tok = load_for_eval(args.checkpoint, args.passes, None, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = _Codec(tok)
-    docs = load_all(args.data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    docs = documents_from_args(args, tok)
     rows = sweep_tau(model, docs, parse_taus(args.taus), window=args.window, stride=args.stride,
                      batch_size=args.batch_size, eod_id=codec.eod_id, pad_id=codec.pad_id)
     print(dial_table(rows))

@@ -52,7 +52,7 @@ def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from . import plots
-    from .perplexity import _Codec, add_data_args, add_recurrence_args, load_all, score_documents
+    from .perplexity import _Codec, add_data_args, add_recurrence_args, documents_from_args, score_documents
     from .settings import load_for_eval, settings_of
 
     p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.halting", description=__doc__,
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = _Codec(tok)
-    docs = load_all(args.data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    docs = documents_from_args(args, tok)
     scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
                              pad_id=codec.pad_id, progress=True)
     write_token_dump(scores, tok, args.dump, docs)

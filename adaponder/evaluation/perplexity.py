@@ -13,6 +13,12 @@ with its prefix token). Long documents are cut into windows of ``window`` inputs
 Inputs: text files (``.gz`` too) or folders of them (one file = one document), or a folder written by
 ``adaponder-prepare`` (its ``val`` split, one document per recorded document, the trailing EOD not scored).
 
+``--packing stream`` scores a prepared split the way training-time validation does instead
+(:mod:`adaponder.data.loader`): the split is one token stream, documents packed back to back, cut into samples
+of ``window + 1`` tokens that start every ``window`` tokens (no overlap, context crosses document boundaries).
+With ``--window`` = the run's ``data.seq_len`` and ``--max-tokens`` = the tokens its validation scored, the
+perplexity equals the trainer's ``val_ppl`` (tests/test_train_run.py checks it).
+
 Command line::
 
     python -m adaponder.evaluation.perplexity CKPT --data /path/to/wikitext-2/wiki.test.tokens \\
@@ -51,6 +57,10 @@ class Document:
     ids: np.ndarray
     n_bytes: int
     source: str = ""
+    #: The token before ``ids[0]`` (its context). None: the document starts here and EOD is its context.
+    lead: int | None = None
+    #: Packed-stream scoring: non-overlapping windows of this length, whatever the caller's window/stride.
+    packed_window: int | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -129,16 +139,52 @@ def _prepared_documents(path: Path, codec: _Codec, split: str) -> Iterable[tuple
         yield f"{path.name}/{split}#{i}", ids
 
 
+PACKINGS = ("documents", "stream")
+
+
+def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int | None = None,
+                split: str = "val") -> Document:
+    """A prepared split as training-time validation reads it (see the module doc): sample ``i`` is
+    ``stream[i*window : (i+1)*window + 1]`` for ``i < (len(stream) - 1) // window`` (the loader's count), capped
+    at ``max_tokens // window`` samples. Returned as one :class:`Document` whose first token is context only."""
+    from adaponder.data.layout import open_shards, read_meta
+
+    path = Path(path)
+    if not (path.is_dir() and (path / "meta.json").is_file()):
+        raise ValueError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
+    if window < 1:
+        raise ValueError(f"--packing stream needs a window >= 1, got {window}")
+    shards = open_shards(path, read_meta(path), split)
+    stream = np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
+    samples = (len(stream) - 1) // window if len(stream) > window else 0
+    if max_tokens is not None:
+        samples = min(samples, max_tokens // window)
+    if samples < 1:
+        raise ValueError(f"{path} split {split!r}: fewer than one sample of window + 1 = {window + 1} tokens "
+                         f"(stream of {len(stream)} tokens, max_tokens {max_tokens})")
+    ids = stream[1:samples * window + 1].astype(np.int64)
+    n_bytes = len(_Codec(tokenizer).decode(ids).encode("utf-8"))
+    return Document(name=f"{path.name}/{split} (stream)", ids=ids, n_bytes=n_bytes, source=str(path),
+                    lead=int(stream[0]), packed_window=window)
+
+
 def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tokenizer,
                    max_tokens: int | None = None, max_tokens_per_doc: int | None = None,
-                   split: str = "val") -> list[Document]:
+                   split: str = "val", packing: str = "documents", window: int | None = None) -> list[Document]:
     """Tokenize held-out documents from text files/folders or prepared data folders.
 
     ``max_tokens`` caps the total over all sources (documents are taken in order, the last one cut);
     ``max_tokens_per_doc`` caps each document. Bytes are those of the (possibly cut) token sequence.
+    ``packing="stream"`` reads each (prepared) source with :func:`load_stream` and ``window`` instead.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+    if packing == "stream":
+        if window is None:
+            raise ValueError("--packing stream needs --window (the training run's data.seq_len)")
+        return [load_stream(src, tokenizer, window, max_tokens, split) for src in sources]
     codec = _Codec(tokenizer)
     docs: list[Document] = []
     left = max_tokens
@@ -236,10 +282,11 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
     device = model.device
     jobs = []  # (doc index, begin, end, n_scored)
     for d, doc in enumerate(docs):
-        jobs += [(d, b, e, k) for b, e, k in sliding_windows(len(doc), window, stride)]
+        w, s = (doc.packed_window, doc.packed_window) if doc.packed_window else (window, stride)
+        jobs += [(d, b, e, k) for b, e, k in sliding_windows(len(doc), w, s)]
     # Longest first: batches of similar length waste little on padding.
     order = sorted(range(len(jobs)), key=lambda j: -(jobs[j][2] - jobs[j][1]))
-    seqs = [np.concatenate([[eod_id], doc.ids]).astype(np.int64) for doc in docs]
+    seqs = [np.concatenate([[eod_id if doc.lead is None else doc.lead], doc.ids]).astype(np.int64) for doc in docs]
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("doc", "position", "token", "nll", "exit_pass", "context")}
     iterator = range(0, len(order), batch_size)
     if progress:
@@ -273,7 +320,8 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
     idx = np.lexsort((arrays["position"], arrays["doc"]))
     arrays = {k: v[idx] for k, v in arrays.items()}
     return TokenScores(**arrays, passes=int(model.config.passes),
-                       meta={"window": window, "stride": stride, "batch_size": batch_size})
+                       meta={"window": window, "stride": stride, "batch_size": batch_size,
+                             "packing": "stream" if any(d.packed_window for d in docs) else "documents"})
 
 
 # -- summaries -----------------------------------------------------------------------------------------
@@ -341,6 +389,10 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = True, *, default_
     g.add_argument("--data", nargs="+", required=required,
                    help=data_help + (f" (default: {default_data})" if default_data else ""))
     g.add_argument("--split", default="val", help="split of prepared data folders")
+    g.add_argument("--packing", choices=PACKINGS, default="documents",
+                   help="documents: each document on its own, EOD as its first context (default); stream: a "
+                        "prepared split packed and cut like training-time validation (windows of --window, no "
+                        "overlap; --max-tokens caps the samples)")
     g.add_argument("--window", type=int, default=None, help="window length (default: min(context, 1024))")
     g.add_argument("--stride", type=int, default=None, help="window start step (default: window / 2)")
     g.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: 2048 // window)")
@@ -350,12 +402,19 @@ def add_data_args(p: argparse.ArgumentParser, required: bool = True, *, default_
     g.add_argument("--max-tokens-per-doc", type=int, default=None, help="cap on scored tokens per document")
 
 
-def load_all(data: Sequence[str], tokenizer, max_tokens=None, max_tokens_per_doc=None, split="val"):
+def load_all(data: Sequence[str], tokenizer, max_tokens=None, max_tokens_per_doc=None, split="val",
+             packing="documents", window=None):
     """Documents of every ``--data`` entry, ``max_tokens`` applying to each entry separately."""
     docs: list[Document] = []
     for src in data:
-        docs += load_documents(src, tokenizer, max_tokens, max_tokens_per_doc, split)
+        docs += load_documents(src, tokenizer, max_tokens, max_tokens_per_doc, split, packing, window)
     return docs
+
+
+def documents_from_args(args: argparse.Namespace, tokenizer) -> list[Document]:
+    """The held-out documents named by :func:`add_data_args`' options."""
+    return load_all(args.data, tokenizer, args.max_tokens, args.max_tokens_per_doc, args.split,
+                    getattr(args, "packing", "documents"), args.window)
 
 
 def format_row(name: str, s: dict) -> str:
@@ -386,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     codec = _Codec(tok)
-    docs = load_all(args.data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    docs = documents_from_args(args, tok)
     kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
               pad_id=codec.pad_id, progress=True)
     target = args.target_mean_exit
@@ -397,7 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(settings.banner())
     policy = make_policy(args.exit_rule, model.config.num_passes, target, args.seed)
     scores = score_documents(model, docs, halting_policy=policy, **kw)
-    print(f"  window {scores.meta['window']}, stride {scores.meta['stride']}")
+    if scores.meta["packing"] == "stream":
+        print(f"  packed stream (training validation's windows): window {docs[0].packed_window}, no overlap")
+    else:
+        print(f"  window {scores.meta['window']}, stride {scores.meta['stride']}")
     summary = summarize_by_source(scores, docs, model)
     print(TABLE_HEADER)
     for name, s in summary.items():

@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = int(model.config.max_position_embeddings)
 
     codec = _Codec(tok)
-    docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split)
+    docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split, args.packing, args.window)
     score_kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
                     pad_id=codec.pad_id)
     print(f"[adaponder-report] scoring {sum(len(d) for d in docs)} tokens in {len(docs)} documents", flush=True)
