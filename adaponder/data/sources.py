@@ -392,25 +392,24 @@ def _iter_parquet(src: Source, text_field: str, stats: SourceStats) -> Iterator[
         raise EmptyInputError(f"{src.path}: no non-empty values in column {text_field!r} ({row} rows)")
 
 
-def _iter_hf_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
+def _iter_text_column(parts, text_field: str, stats: SourceStats, where_of, hint: str) -> Iterator[str]:
+    """The non-empty values of column ``text_field`` of each ``(split name, dataset)`` in ``parts`` (map-style or
+    streaming), counted in ``stats``; ``where_of(name)`` names a split in errors, ``hint`` says how to choose
+    another column. Raises :class:`EmptyInputError` when no value is left."""
     import datasets
 
-    stats.sha256, stats.bytes = _sha256_tree(src.path)
-    try:
-        loaded = datasets.load_from_disk(str(src.path))
-    except Exception as exc:  # datasets raises FileNotFoundError/ValueError/arrow errors
-        raise DataError(f"{src.path}: cannot load with datasets.load_from_disk ({exc})") from exc
-    parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
-    stats.extra["splits"] = [name for name, _ in parts if name is not None]
     rows = 0
     for name, ds in parts:
-        where = f"{src.path}" + (f" [split {name!r}]" if name is not None else "")
-        if text_field not in ds.column_names:
-            raise RecordError(
-                f"{where}: no column {text_field!r} (columns: {', '.join(ds.column_names)}); set text_field"
-            )
+        where = where_of(name)
+        columns = ds.column_names
+        if columns is not None and text_field not in columns:
+            raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(columns)}); set {hint}")
+        batches = (ds.select_columns([text_field]).iter(batch_size=1024) if isinstance(ds, datasets.Dataset)
+                   else ds.iter(batch_size=1024))
         row = 0
-        for batch in ds.select_columns([text_field]).iter(batch_size=1024):
+        for batch in batches:
+            if text_field not in batch:  # a streaming dataset learns its columns from its first batch
+                raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(batch)}); set {hint}")
             values = batch[text_field]
             _check_column_values(values, text_field, where, row)
             row += len(values)
@@ -422,7 +421,21 @@ def _iter_hf_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterat
                     stats.skipped_empty += 1
         rows += row
     if stats.documents == 0:
-        raise EmptyInputError(f"{src.path}: no non-empty values in column {text_field!r} ({rows} rows)")
+        raise EmptyInputError(f"{where_of(None)}: no non-empty values in column {text_field!r} ({rows} rows)")
+
+
+def _iter_hf_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
+    import datasets
+
+    stats.sha256, stats.bytes = _sha256_tree(src.path)
+    try:
+        loaded = datasets.load_from_disk(str(src.path))
+    except Exception as exc:  # datasets raises FileNotFoundError/ValueError/arrow errors
+        raise DataError(f"{src.path}: cannot load with datasets.load_from_disk ({exc})") from exc
+    parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [(None, loaded)]
+    stats.extra["splits"] = [name for name, _ in parts if name is not None]
+    yield from _iter_text_column(parts, text_field, stats, hint="text_field",
+                                 where_of=lambda name: f"{src.path}" + (f" [split {name!r}]" if name else ""))
 
 
 def _hub_offline() -> bool:
@@ -469,33 +482,13 @@ def _iter_hub_dataset(src: Source, text_field: str, stats: SourceStats) -> Itera
     dict_types = (datasets.DatasetDict, datasets.IterableDatasetDict)
     parts = list(loaded.items()) if isinstance(loaded, dict_types) else [(split, loaded)]
     stats.extra["splits"] = [name for name, _ in parts if name is not None]
-    rows = 0
     for name, ds in parts:
-        where = what + (f" [split {name!r}]" if name is not None and split is None else "")
-        columns = ds.column_names
-        if columns is not None and text_field not in columns:
-            raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(columns)}); set --text-field")
         fp = getattr(ds, "_fingerprint", None)
         if fp:
             stats.extra.setdefault("fingerprints", {})[str(name)] = fp
-        batches = (ds.select_columns([text_field]).iter(batch_size=1024) if isinstance(ds, datasets.Dataset)
-                   else ds.iter(batch_size=1024))
-        row = 0
-        for batch in batches:
-            if text_field not in batch:
-                raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(batch)}); set --text-field")
-            values = batch[text_field]
-            _check_column_values(values, text_field, where, row)
-            row += len(values)
-            for v in values:
-                if v:
-                    stats.documents += 1
-                    yield v
-                else:
-                    stats.skipped_empty += 1
-        rows += row
-    if stats.documents == 0:
-        raise EmptyInputError(f"{what}: no non-empty values in column {text_field!r} ({rows} rows)")
+    yield from _iter_text_column(
+        parts, text_field, stats, hint="--text-field",
+        where_of=lambda name: what + (f" [split {name!r}]" if name is not None and split is None else ""))
 
 
 def iter_documents(src: Source, text_field: str, errors: str, stats: SourceStats) -> Iterator[str]:
