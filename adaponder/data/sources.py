@@ -380,16 +380,21 @@ def _iter_parquet(src: Source, text_field: str, stats: SourceStats) -> Iterator[
     row = 0
     for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
         values = batch.column(0).to_pylist()
-        _check_column_values(values, text_field, str(src.path), row)
+        yield from _column_values(values, text_field, str(src.path), row, stats)
         row += len(values)
-        for v in values:
-            if v:
-                stats.documents += 1
-                yield v
-            else:
-                stats.skipped_empty += 1
     if stats.documents == 0:
         raise EmptyInputError(f"{src.path}: no non-empty values in column {text_field!r} ({row} rows)")
+
+
+def _column_values(values: list, text_field: str, where: str, first_row: int, stats: SourceStats) -> Iterator[str]:
+    """The non-empty ``values`` of one batch of a text column (rows from ``first_row``), counted in ``stats``."""
+    _check_column_values(values, text_field, where, first_row)
+    for v in values:
+        if v:
+            stats.documents += 1
+            yield v
+        else:
+            stats.skipped_empty += 1
 
 
 def _iter_text_column(parts, text_field: str, stats: SourceStats, where_of, hint: str) -> Iterator[str]:
@@ -410,15 +415,8 @@ def _iter_text_column(parts, text_field: str, stats: SourceStats, where_of, hint
         for batch in batches:
             if text_field not in batch:  # a streaming dataset learns its columns from its first batch
                 raise RecordError(f"{where}: no column {text_field!r} (columns: {', '.join(batch)}); set {hint}")
-            values = batch[text_field]
-            _check_column_values(values, text_field, where, row)
-            row += len(values)
-            for v in values:
-                if v:
-                    stats.documents += 1
-                    yield v
-                else:
-                    stats.skipped_empty += 1
+            yield from _column_values(batch[text_field], text_field, where, row, stats)
+            row += len(batch[text_field])
         rows += row
     if stats.documents == 0:
         raise EmptyInputError(f"{where_of(None)}: no non-empty values in column {text_field!r} ({rows} rows)")
