@@ -1,26 +1,37 @@
-"""Typed YAML configurations shared by pretraining (``adaponder.train.config``) and GLUE fine-tuning
-(``adaponder.palbert.config``): dataclass sections, ``--set key.path=value`` overrides, and one error that
-lists every problem at once, naming the file and each offending key path (``optim.lr``).
+"""Typed YAML configurations shared by pretraining (``adaponder.train.config``), the study
+(``adaponder.study.config``) and GLUE fine-tuning (``adaponder.palbert.config``): dataclass sections validated
+by pydantic, ``--set key.path=value`` overrides, and one error that lists every problem at once, naming the
+file and each offending key path (``optim.lr``).
 
-Numbers: YAML 1.1 reads ``1e-3`` as a string; number fields accept such strings. Integer fields accept
-integral floats (``tokens: 3.0e11``). ``int | float`` fields ("steps or fractions") keep which one was
-written, so ``10`` stays a step count and ``0.1`` a fraction.
+A section is a plain dataclass whose field annotations carry the limits (``Annotated[Int, Field(ge=1)]``);
+:func:`validate_sections` / :func:`build_section` validate raw YAML into it and turn pydantic's errors into
+``section.key: must be >= 1, got 0`` lines. Checks across keys stay plain functions of the built config, run
+after these, so their problems join the same error.
+
+Numbers: YAML 1.1 reads ``1e-3`` and ``3e11`` as strings; :data:`Int` and :data:`Float` fields accept such
+strings, and :data:`Int` fields integral floats (``tokens: 3.0e11``); booleans are not numbers.
+:data:`StepsOrFraction` fields keep which one was written, so ``10`` stays a step count and ``0.1`` a fraction.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
+import difflib
+import functools
 import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, Union
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
-__all__ = ["ConfigError", "type_name", "coerce", "build_section", "parse_override", "apply_overrides", "read_yaml"]
+__all__ = ["ConfigError", "Int", "Float", "StepsOrFraction", "Count", "NonNegativeInt", "NonNegativeFloat",
+           "PositiveFloat", "UnitFloat", "type_name", "coerce", "build_section", "validate_sections",
+           "parse_override", "apply_overrides", "read_yaml"]
 
 
 class ConfigError(ValueError):
@@ -40,9 +51,45 @@ class ConfigError(ValueError):
         super().__init__(f"{len(self.problems)} problem(s) in {self.what}{where}:\n{lines}")
 
 
+# -- field types ------------------------------------------------------------------------------------------
+def _yaml_number(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic's lax mode would read true as 1
+        raise PydanticCustomError("number_type", "a boolean is not a number")
+    if isinstance(value, str):
+        for parse in (int, float):  # int first: "10" stays a step count in StepsOrFraction
+            try:
+                return parse(value)
+            except ValueError:
+                pass
+    return value
+
+
+def _steps_or_fraction(value: int | float) -> int | float:
+    if isinstance(value, float) and not 0.0 <= value <= 1.0:
+        raise ValueError(f"a float is a fraction of training and must lie in [0, 1], got {value} "
+                         "(write an integer for a step count)")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_yaml_number)]
+Float = Annotated[float, BeforeValidator(_yaml_number)]
+#: An integer is a step count (>= 0), a float a fraction of all steps in [0, 1]; pydantic's smart union keeps
+#: the type that was written (``1.0`` is all of training, not step 1).
+StepsOrFraction = Annotated[Union[int, float], BeforeValidator(_yaml_number), AfterValidator(_steps_or_fraction)]
+Count = Annotated[Int, Field(ge=1)]
+NonNegativeInt = Annotated[Int, Field(ge=0)]
+NonNegativeFloat = Annotated[Float, Field(ge=0)]
+PositiveFloat = Annotated[Float, Field(gt=0)]
+UnitFloat = Annotated[Float, Field(ge=0, le=1)]
+
+
 def type_name(tp: Any) -> str:
     """How a field's type reads in an error message ("an integer or null", "'cosine' | 'linear')."""
     origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return type_name(typing.get_args(tp)[0])
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
@@ -56,123 +103,85 @@ def type_name(tp: Any) -> str:
             list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-class _Bad(Exception):
-    pass
+# -- validation -------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _adapter(tp: Any) -> TypeAdapter:
+    return TypeAdapter(tp)
 
 
-def _number(value: Any, integral: bool) -> int | float:
-    if isinstance(value, bool):
-        raise _Bad
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise _Bad from None
-    if not isinstance(value, (int, float)):
-        raise _Bad
-    if not integral:
-        return float(value)
-    if isinstance(value, int):
-        return value
-    if math.isfinite(value) and value == int(value):
-        return int(value)
-    raise _Bad
+_LIMITS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _message(errors: list[dict[str, Any]], value: Any, tp: Any) -> str:
+    """One line for a value's pydantic errors: a broken limit, or a validator's own words, else the type."""
+    for e in errors:
+        kind, ctx = e["type"], e.get("ctx") or {}
+        if kind in _LIMITS:
+            return f"must be {_LIMITS[kind]} {next(iter(ctx.values()))}, got {e['input']!r}"
+        if kind in ("too_short", "too_long"):
+            bound = f"at least {ctx['min_length']}" if kind == "too_short" else f"at most {ctx['max_length']}"
+            return f"must hold {bound} item(s), got {e['input']!r}"
+        if kind == "value_error":
+            return str(ctx["error"])
+    return f"must be {type_name(tp)}, got {value!r}"
 
 
 def coerce(value: Any, tp: Any) -> Any:
-    """``value`` as type ``tp`` (a dataclass field's resolved annotation); raises ``ValueError`` if it is not."""
+    """``value`` validated as type ``tp`` (pydantic); raises ``ValueError`` saying what was expected."""
     try:
-        return _coerce(value, tp)
-    except _Bad:
-        raise ValueError(f"must be {type_name(tp)}, got {value!r}") from None
+        return _adapter(tp).validate_python(value)
+    except ValidationError as err:
+        raise ValueError(_message(err.errors(), value, tp)) from None
 
 
-def _coerce(value: Any, tp: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _Bad
-        non_none = [a for a in args if a is not type(None)]
-        if set(non_none) == {int, float}:  # steps (int) or fraction (float): keep which one was written
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise _Bad
-            if isinstance(value, str):
-                try:
-                    return int(value)
-                except ValueError:
-                    return _number(value, integral=False)
-            return value
-        for a in non_none:
-            try:
-                return _coerce(value, a)
-            except _Bad:
-                pass
-        raise _Bad
-    if origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise _Bad
-    if origin is list or tp is list:
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise _Bad
-        args = typing.get_args(tp)
-        return [_coerce(v, args[0]) for v in value] if args else value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Bad
-    if tp in (int, float):
-        return _number(value, integral=tp is int)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _Bad
-    if tp is dict:
-        if isinstance(value, Mapping):
-            return dict(value)
-        raise _Bad
-    if tp is Any:
-        return value
-    raise TypeError(f"unsupported config type {tp!r}")
+def _unknown(key: Any, known: list[str]) -> str:
+    near = [k for k in known if k.startswith(str(key)[:3])] or difflib.get_close_matches(str(key), known, cutoff=0.75)
+    return f" (did you mean {', '.join(near)}?)" if near else f" (known: {', '.join(known)})"
 
 
 def build_section(cls: type, raw: Any, name: str, problems: list[str], bad: set[str] | None = None) -> Any:
-    """An instance of the dataclass ``cls`` from a raw mapping. Unknown keys and wrong types are appended to
-    ``problems`` as ``name.key: ...`` (and the key paths to ``bad``, so value checks can skip them); the
-    offending keys keep their defaults."""
+    """An instance of the dataclass ``cls`` validated from a raw mapping. Unknown keys and bad values are
+    appended to ``problems`` as ``name.key: ...`` (and the key paths of bad values to ``bad``, so checks
+    across keys can skip them); the offending keys keep their defaults."""
+    bad = set() if bad is None else bad
+    fields = [f.name for f in dataclasses.fields(cls)]
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        problems.append(f"{name}: must be a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}, "
-                        f"got {type(raw).__name__}")
-        if bad is not None:
-            bad.add(name)
+        problems.append(f"{name}: must be a mapping of {', '.join(fields)}, got {type(raw).__name__}")
+        bad.add(name)
         return cls()
+    values = {k: v for k, v in raw.items() if k in fields}
+    errors: dict[str, list[dict[str, Any]]] = {}
+    try:
+        section = _adapter(cls).validate_python(values)
+    except ValidationError as err:
+        for e in err.errors():
+            errors.setdefault(e["loc"][0], []).append(e)
+        section = _adapter(cls).validate_python({k: v for k, v in values.items() if k not in errors})
     hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
+    for key, value in raw.items():  # in the file's order
         if key not in fields:
-            near = [f for f in fields if f.startswith(str(key)[:3])]
-            hint = f" (did you mean {', '.join(near)}?)" if near else f" (known: {', '.join(fields)})"
-            problems.append(f"{name}.{key}: unknown key{hint}")
-            continue
-        try:
-            values[key] = coerce(value, hints[key])
-        except ValueError as err:
-            problems.append(f"{name}.{key}: {err}")
-            if bad is not None:
-                bad.add(f"{name}.{key}")
-    return cls(**values)
+            problems.append(f"{name}.{key}: unknown key{_unknown(key, fields)}")
+        elif key in errors:
+            problems.append(f"{name}.{key}: {_message(errors[key], value, hints[key])}")
+            bad.add(f"{name}.{key}")
+    return section
 
 
+def validate_sections(raw: Mapping[str, Any], sections: Mapping[str, type], problems: list[str],
+                      bad: set[str] | None = None, others: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every section of a raw (YAML) mapping built by :func:`build_section` (name → instance); top-level keys
+    that are neither a section nor one of ``others`` (validated by the caller) are reported as unknown."""
+    known = [*sections, *others]
+    problems += [f"{key}: unknown section{_unknown(key, known)}" for key in raw if key not in known]
+    return {name: build_section(cls, raw.get(name), name, problems, bad) for name, cls in sections.items()}
+
+
+# -- files and overrides ----------------------------------------------------------------------------------
 def parse_override(item: str, error: type[ConfigError] = ConfigError) -> tuple[list[str], Any]:
-    """``"optim.lr=3e-4"`` → ``(["optim", "lr"], 0.0003)``; the value is parsed as YAML."""
+    """``"optim.lr=3e-4"`` → ``(["optim", "lr"], "3e-4")``; the value is parsed as YAML (1.1: the number
+    string becomes a number when its field validates)."""
     if "=" not in item:
         raise error([f"--set {item!r}: expected key.path=value"])
     key, raw = item.split("=", 1)

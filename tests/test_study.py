@@ -124,8 +124,16 @@ def test_study_config_errors_name_every_key(tmp_path):
     bad.write_text(raw.replace("  vocab: 4096", "  vocab: 4096\n  vocabulary: 5").replace(
         "loop: {model.mode: loop}", "loop: {model.mode: looped}"))
     with pytest.raises(StudyConfigError) as err:
-        load_study_config(bad)
-    msg = str(err.value)
-    assert "data.vocabulary" in msg and "arms.loop" in msg and "'mode' must be one of" in msg
+        load_study_config(bad, overrides=["data.vocab=100", "data.val_fraction=1", "eval.taus=[0.1, x]",
+                                          "study.seed=1e3"])  # YAML 1.1 reads 1e3 as a string: still a number
+    *problems, arm = err.value.problems
+    assert problems == [
+        "data.vocab: must be >= 258, got 100",
+        "data.vocabulary: unknown key (did you mean vocab?)",
+        "data.val_fraction: must be < 1, got 1",
+        "eval.taus: must be a list of a number, got [0.1, 'x']",
+    ]
+    assert arm.startswith("arms.loop: model: 'mode' must be one of") and arm.endswith("got 'looped'")
+    assert str(bad) in str(err.value)
     with pytest.raises(StudyConfigError, match="profile 'huge' is not defined"):
         load_study_config(REPO / "configs/study/cpu.yaml", profile="huge")

@@ -44,7 +44,7 @@ def test_every_problem_is_reported_at_once_with_file_and_key_paths(tmp_path):
     bad = {
         "model": {"size": "tiny", "hiden_size": 3, "mode": "adaponder"},
         "data": {"path": "x", "seq_len": "long"},
-        "optim": {"lr": -1, "betas": [0.9], "wd": 0.1},
+        "optim": {"lr": -1, "betas": [0.9], "wd": 0.1, "warmup": 1.5},
         "schedule": {"s0": 0.6, "s1": 0.3, "k_max": 2},
         "deepspeed": {"zero_stage": 5, "precision": "fp8"},
         "train": {"steps": 10, "micro_batch": 0},
@@ -55,12 +55,45 @@ def test_every_problem_is_reported_at_once_with_file_and_key_paths(tmp_path):
     with pytest.raises(TrainConfigError) as info:
         load_config(f)
     msg = str(info.value)
-    assert str(f) in msg
-    for needle in ("model: unknown key 'hiden_size'", "data.seq_len", "optim.lr", "optim.betas", "optim.wd: unknown key",
-                   "schedule.s1", "schedule.k_max", "deepspeed.zero_stage", "deepspeed.precision", "train.micro_batch",
-                   "train.grad_accum / train.global_batch", "extra_section: unknown section"):
+    assert msg.startswith(f"13 problem(s) in the training configuration in {f}:")
+    for needle in ("model: unknown key 'hiden_size'", "data.seq_len: must be an integer, got 'long'",
+                   "optim.lr: must be > 0, got -1", "optim.betas: must hold at least 2 item(s), got [0.9]",
+                   "optim.wd: unknown key", "optim.warmup: a float is a fraction of training",
+                   "schedule.s1 (0.3) must not come before schedule.s0 (0.6)", "schedule.k_max: must be <= 1, got 2",
+                   "deepspeed.zero_stage: must be <= 3, got 5", "deepspeed.precision: must be 'fp32' | 'bf16' | 'fp16'",
+                   "train.micro_batch: must be >= 1, got 0", "train.grad_accum / train.global_batch",
+                   "extra_section: unknown section"):
         assert needle in msg, needle
-    assert len(info.value.problems) >= 12
+    assert len(info.value.problems) == 13
+
+
+def test_yaml_number_strings_integral_floats_and_steps_or_fractions(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("model: {size: tiny}\ndata: {path: d, seq_len: 16}\noptim: {lr: 1e-3, warmup: 10, eps: 1e-8}\n"
+                 "schedule: {s0: 0.1, s1: 50}\ntrain: {tokens: 3.2e3, micro_batch: 2.0, grad_accum: 1}\n")
+    assert yaml.safe_load(f.read_text())["train"]["tokens"] == "3.2e3"  # YAML 1.1: a string
+    cfg = load_config(f)
+    assert cfg.optim.lr == 1e-3 and cfg.optim.eps == 1e-8
+    assert cfg.train.tokens == 3200 and type(cfg.train.tokens) is int
+    assert cfg.train.micro_batch == 2 and type(cfg.train.micro_batch) is int
+    assert type(cfg.optim.warmup) is int and type(cfg.schedule.s0) is float and type(cfg.schedule.s1) is int
+    plan = plan_run(cfg, 1)
+    assert (plan.total_steps, plan.warmup_steps, plan.s0, plan.s1) == (100, 10, 10, 50)
+    assert cfg.train.allow_schedule_change is False
+    for written in ("3e11", "3.0e+11", "300000000000"):
+        tokens = load_config(f, [f"train.tokens={written}"]).train.tokens
+        assert tokens == 300_000_000_000 and type(tokens) is int, written
+    with pytest.raises(TrainConfigError, match=r"train.tokens: must be an integer or null, got 2\.5"):
+        load_config(f, ["train.tokens=2.5"])
+
+
+def test_fingerprint_is_stable():
+    # Runs on disk and docs/study/*.json record fingerprints: an unchanged config must keep its value.
+    cfg = load_config(REPO / "configs" / "tiny.yaml")
+    assert cfg.fingerprint() == "15aa52233fcc4afa"
+    assert load_config(REPO / "configs" / "tiny.yaml", ["train.allow_schedule_change=true"]).fingerprint() \
+        == cfg.fingerprint()
+    assert load_config(REPO / "configs" / "tiny.yaml", ["optim.lr=1e-3"]).fingerprint() != cfg.fingerprint()
 
 
 def test_overrides_are_typed_and_validated():
@@ -71,7 +104,9 @@ def test_overrides_are_typed_and_validated():
     assert cfg.model_config().mode == "ponderlm"
     with pytest.raises(TrainConfigError) as info:
         load_config(REPO / "configs" / "pythia410m.yaml", ["optim.lrr=1", "train.steps=abc"])
-    assert "optim.lrr: unknown key" in str(info.value) and "train.steps" in str(info.value)
+    assert "optim.lrr: unknown key (did you mean lr?)" in str(info.value)
+    assert "train.steps: must be an integer or null, got 'abc'" in str(info.value)
+    assert len(info.value.problems) == 2  # no follow-up "give steps or tokens" about the defaulted train.steps
     assert "--set" in str(info.value)
 
 

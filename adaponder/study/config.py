@@ -21,9 +21,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from pydantic import Field
 
 from adaponder import typed_config
+from adaponder.typed_config import Count, Float, Int, NonNegativeInt
 
 
 class StudyConfigError(typed_config.ConfigError):
@@ -34,8 +37,8 @@ class StudyConfigError(typed_config.ConfigError):
 class StudySection:
     name: str = "study"
     #: The first seed trains every arm; ``repeat_seed`` retrains the arms in ``repeat_arms``.
-    seed: int = 1234
-    repeat_seed: int | None = 4321
+    seed: NonNegativeInt = 1234
+    repeat_seed: NonNegativeInt | None = 4321
     repeat_arms: list[str] = field(default_factory=list)
     #: Checkpoints and training logs (large; not committed).
     runs_dir: str = "runs/study"
@@ -49,22 +52,22 @@ class StudySection:
 class DataSection:
     #: Raw text inputs (files, folders, globs) or ``bundled``; ``--corpus`` overrides.
     corpus: list[str] = field(default_factory=lambda: ["bundled"])
-    #: Entries of the byte-level BPE tokenizer trained on the train split.
-    vocab: int = 4096
+    #: Entries of the byte-level BPE tokenizer trained on the train split (at least its 256 bytes and 2 specials).
+    vocab: Annotated[Int, Field(ge=258)] = 4096
     #: Fraction of documents (whole books) held out for validation.
-    val_fraction: float = 0.1
-    split_seed: int = 0
+    val_fraction: Annotated[Float, Field(gt=0, lt=1)] = 0.1
+    split_seed: Int = 0
 
 
 @dataclass
 class EvalSection:
     #: Held-out tokens scored per document (``null``: all).
-    max_tokens_per_doc: int | None = 16384
-    batch_size: int = 16
+    max_tokens_per_doc: Count | None = 16384
+    batch_size: Count = 16
     #: τ values of the compute dial (adaponder arms).
-    taus: list[float] = field(default_factory=lambda: [1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5])
+    taus: list[Float] = field(default_factory=lambda: [1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5])
     #: Seeds of the fixed-pruning controls' random halting (their spread is the control's own noise).
-    pruning_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    pruning_seeds: list[Int] = field(default_factory=lambda: [0, 1, 2])
 
 
 SECTIONS = {"study": StudySection, "data": DataSection, "eval": EvalSection}
@@ -123,8 +126,6 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     source = str(path)
     raw = typed_config.read_yaml(path, StudyConfigError)
     problems: list[str] = []
-    known = {"study", "data", "eval", "base", "arms", "profiles"}
-    problems += [f"{k}: unknown section (known: {', '.join(sorted(known))})" for k in raw if k not in known]
     profiles = raw.pop("profiles", None) or {}
     if profile is not None:
         if profile not in profiles:
@@ -141,7 +142,7 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     if overrides:
         raw = typed_config.apply_overrides(raw, overrides, StudyConfigError)
         source += " + --set " + " ".join(overrides)
-    sections = {name: typed_config.build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
+    sections = typed_config.validate_sections(raw, SECTIONS, problems, others=("base", "arms"))
     base = raw.get("base")
     arms = raw.get("arms")
     if not isinstance(base, Mapping):
@@ -156,10 +157,6 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     for name in cfg.study.repeat_arms:
         if name not in arms:
             problems.append(f"study.repeat_arms: {name!r} is not an arm (arms: {', '.join(arms)})")
-    if cfg.data.vocab < 258:
-        problems.append(f"data.vocab: a byte-level BPE vocabulary needs at least 258 entries, got {cfg.data.vocab}")
-    if not 0 < cfg.data.val_fraction < 1:
-        problems.append(f"data.val_fraction: must lie in (0, 1), got {cfg.data.val_fraction}")
     if base:  # every arm must be a valid training config (reported with the other problems)
         from adaponder.train.config import TrainConfigError, config_from_dict
 

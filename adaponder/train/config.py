@@ -17,9 +17,11 @@ A run is described by one YAML file with these sections (all optional except wha
 ``load_config(path, overrides)`` returns a :class:`TrainConfig` or raises one :class:`TrainConfigError` that
 names the file and every offending key path (``optim.lr``), so a user fixes everything in one go.
 
-Numbers: YAML 1.1 reads ``1e-3`` as a string; number fields accept such strings. Integer fields accept
-integral floats (``tokens: 3.0e11``). Fields that are "steps or fractions" (``schedule.s0``,
-``optim.warmup``) read an integer as a step count and a float in [0, 1] as a fraction of all steps.
+Each key's type and limits are in its section's annotations (validated by pydantic through
+:mod:`adaponder.typed_config`); checks across keys are :func:`_cross_problems`. Numbers: YAML 1.1 reads ``1e-3``
+as a string; number fields accept such strings. Integer fields accept integral floats (``tokens: 3.0e11``).
+Fields that are "steps or fractions" (``schedule.s0``, ``optim.warmup``) read an integer as a step count and a
+float in [0, 1] as a fraction of all steps.
 """
 
 from __future__ import annotations
@@ -31,24 +33,20 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
+from pydantic import Field
 
 from adaponder import typed_config
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-OFFLOAD = ("none", "cpu", "nvme")
-DECAYS = ("cosine", "linear", "constant")
+from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
+                                    StepsOrFraction, UnitFloat)
 
 
 class TrainConfigError(typed_config.ConfigError):
     """Every problem of a training configuration, listed at once, naming the file and key paths."""
 
     what = "the training configuration"
-
-
-StepsOrFraction = Union[int, float]
 
 
 # -- sections ---------------------------------------------------------------------------------------------
@@ -73,33 +71,34 @@ class DataConfig:
     val_order: Literal["sequences", "documents"] | None = None
     #: Raw inputs to prepare into ``path`` when it holds no ``meta.json`` yet: files, folders, globs, or
     #: ``"bundled"`` for the public-domain corpus shipped with adaponder. ``None``: ``path`` must exist.
-    prepare: list[str] | None = None
+    prepare: Annotated[list[str], Field(min_length=1)] | None = None
     #: Tokenizer file/folder; ``None`` = ``<path>/tokenizer.json`` when the data folder holds one (a tokenizer
     #: trained by ``adaponder-prepare --train-tokenizer``), else the bundled Pythia (GPT-NeoX-20B) tokenizer.
     tokenizer: str | None = None
     #: When preparing on the fly: train a byte-level BPE tokenizer of this many entries on the train split.
-    train_tokenizer: int | None = None
+    train_tokenizer: Count | None = None
     #: Tokens per training sample (the model sees ``seq_len`` inputs and as many labels).
-    seq_len: int = 2048
+    seq_len: Count = 2048
     #: Used only when preparing on the fly.
-    val_fraction: float = 0.01
+    val_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.01
     text_field: str = "text"
-    prepare_workers: int = 1
+    prepare_workers: Count = 1
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4
+    lr: PositiveFloat = 3e-4
     #: Final learning rate as a fraction of ``lr`` (Pythia: 0.1).
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: UnitFloat = 0.1
     #: Linear warm-up: an integer is steps, a float in [0, 1] a fraction of all steps (Pythia: 1%).
     warmup: StepsOrFraction = 0.01
     decay: Literal["cosine", "linear", "constant"] = "cosine"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
+    betas: Annotated[list[Annotated[Float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = field(
+        default_factory=lambda: [0.9, 0.95])
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.01
     #: Max global gradient norm; 0 disables clipping.
-    grad_clip: float = 1.0
+    grad_clip: NonNegativeFloat = 1.0
 
 
 @dataclass
@@ -110,13 +109,13 @@ class ScheduleConfig:
     s0: StepsOrFraction = 0.2
     s1: StepsOrFraction = 0.4
     #: λ of A13.
-    ponder_weight: float = 0.1
-    k_max: float = 0.1
+    ponder_weight: NonNegativeFloat = 0.1
+    k_max: UnitFloat = 0.1
 
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = 1
+    zero_stage: Annotated[Int, Field(ge=0, le=3)] = 1
     precision: Literal["fp32", "bf16", "fp16"] = "bf16"
     #: ZeRO-Offload of optimizer states (stages 1–3): none | cpu | nvme.
     offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
@@ -133,15 +132,15 @@ class DeepSpeedConfig:
 class CheckpointConfig:
     #: Default: ``<train.out_dir>/checkpoints``. Must be on a filesystem every node sees.
     dir: str | None = None
-    every: int = 1000
-    keep: int = 3
+    every: Count = 1000
+    keep: Count = 3
     #: Export a Hugging Face checkpoint to ``<train.out_dir>/hf`` at the end of training.
     export_hf: bool = True
 
 
 @dataclass
 class LoggingConfig:
-    every: int = 10
+    every: Count = 10
     #: Append metrics to ``<train.out_dir>/metrics.jsonl``.
     jsonl: bool = True
     console: bool = True
@@ -151,16 +150,17 @@ class LoggingConfig:
     wandb_name: str | None = None
     #: Peak FLOP/s of one device for MFU (logged as ``mfu_pct``). ``null``: CUDA devices from a table of known
     #: data-sheet peaks (:mod:`adaponder.train.peak`; unknown device: no MFU), CPUs measured at start-up.
-    peak_flops: float | None = None
+    peak_flops: PositiveFloat | None = None
 
 
 @dataclass
 class EvalConfig:
     #: Validation every N steps (0: only at the end).
-    every: int = 1000
-    #: Cap on validation batches per rank (``None``: the whole val split).
-    max_batches: int | None = 50
-    micro_batch: int | None = None
+    every: NonNegativeInt = 1000
+    #: Cap on validation micro-batches, all ranks together (``None``: the whole val split); the same tokens on any
+    #: number of ranks.
+    max_batches: Count | None = 50
+    micro_batch: Count | None = None
     at_end: bool = True
     #: Write ``report.md`` + the exit-pass histogram at the end.
     report: bool = True
@@ -172,23 +172,25 @@ class RunConfig:
 
     out_dir: str = "runs/default"
     #: Optimizer steps; or give ``tokens`` (a budget: steps = ceil(tokens / tokens per step)).
-    steps: int | None = None
-    tokens: int | None = None
-    micro_batch: int = 4
+    steps: Count | None = None
+    tokens: Count | None = None
+    micro_batch: Count = 4
     #: Give one of these two; the other follows from micro_batch × ranks.
-    grad_accum: int | None = None
+    grad_accum: Count | None = None
     #: Sequences per optimizer step across all ranks (Pythia: 1024).
-    global_batch: int | None = None
-    seed: int = 1234
+    global_batch: Count | None = None
+    seed: NonNegativeInt = 1234
     #: Stop after this many consecutive skipped (non-finite) steps.
-    max_consecutive_skips: int = 5
+    max_consecutive_skips: Count = 5
     #: Stop at this step with a checkpoint, as if preempted (the schedule still spans all steps); continue
     #: with ``--resume auto``. For jobs shorter than the run.
-    stop_at: int | None = None
+    stop_at: Count | None = None
     #: ``torch.use_deterministic_algorithms(True)`` (bit-exact resume on CPU; slower on GPU).
     deterministic: bool = False
     #: torch intra-op threads per rank (CPU); ``None`` leaves torch's default.
-    threads: int | None = None
+    threads: Count | None = None
+    #: Resume may change the schedule-defining keys only when true.
+    allow_schedule_change: bool = False
 
 
 @dataclass
@@ -201,7 +203,7 @@ class InitConfig:
     #: Hub ids only: branch, tag or commit (Pythia's checkpoints: ``step0`` … ``step143000``; null = main).
     revision: str | None = None
     #: Tokens of the first stage, in which only the gates train (backbone frozen); 0 = no such stage.
-    gates_only_tokens: int = 0
+    gates_only_tokens: NonNegativeInt = 0
 
 
 @dataclass
@@ -209,11 +211,11 @@ class DebugConfig:
     """Fault injection used by the tests; leave empty for real runs."""
 
     #: Steps whose loss is multiplied by NaN.
-    nonfinite_steps: list[int] = field(default_factory=list)
+    nonfinite_steps: list[Int] = field(default_factory=list)
     #: Only on this rank (``None``: every rank).
-    nonfinite_rank: int | None = None
+    nonfinite_rank: Int | None = None
     #: Raise in the middle of the checkpoint save at this step (after the files, before the rename).
-    crash_in_save_at: int | None = None
+    crash_in_save_at: Int | None = None
     #: Write a digest of every training sample each rank reads to ``<out_dir>/trace/rank<r>.jsonl``.
     trace_batches: bool = False
 
@@ -278,7 +280,10 @@ class TrainConfig:
         return mode, values
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        what = self.to_dict()
+        # A permission for one resume, not part of what the run is (and fingerprints on disk predate it).
+        del what["train"]["allow_schedule_change"]
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 # -- the model section ------------------------------------------------------------------------------------
@@ -323,112 +328,51 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
     return []
 
 
-# -- semantic checks -------------------------------------------------------------------------------------
-def _check_steps_or_fraction(value: int | float, key: str, problems: list[str]) -> None:
-    if isinstance(value, float) and not 0.0 <= value <= 1.0:
-        problems.append(f"{key}: a float is a fraction of training and must lie in [0, 1], got {value} "
-                        "(write an integer for a step count)")
-    if isinstance(value, int) and value < 0:
-        problems.append(f"{key}: must be >= 0, got {value}")
-
-
-def _semantic_problems(cfg: TrainConfig) -> list[str]:
+# -- checks across keys (each key's own type and limits are in its annotation) ----------------------------
+def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
     p: list[str] = []
-    d, o, s, ds, c, lg, ev, t, ini = (cfg.data, cfg.optim, cfg.schedule, cfg.deepspeed, cfg.checkpoint, cfg.logging,
-                                      cfg.eval, cfg.train, cfg.init)
-    if d.path is None:
-        p.append("data.path: required (the prepared data folder, or where to prepare data.prepare)")
-    if d.seq_len < 1:
-        p.append(f"data.seq_len: must be >= 1, got {d.seq_len}")
-    if not 0 <= d.val_fraction < 1:
-        p.append(f"data.val_fraction: must lie in [0, 1), got {d.val_fraction}")
-    if d.train_tokenizer is not None and d.tokenizer is not None:
-        p.append("data.train_tokenizer: cannot be combined with data.tokenizer (train one, or name one)")
-    if d.prepare is not None and not d.prepare:
-        p.append("data.prepare: an empty list; give inputs (or 'bundled') or leave it out")
-    if d.format == "indexed" and d.prepare is not None:
-        p.append("data.prepare: prepares packed shards, not an indexed dataset; leave it out with data.format indexed")
-    if d.format == "indexed" and d.val_path is None and (ev.every or ev.at_end):
-        p.append("data.val_path: required with data.format indexed while validation is on (an indexed PREFIX such "
-                 "as the Pile's validation set, or a prepared folder); or set eval.every: 0 and eval.at_end: false")
-    if o.lr <= 0:
-        p.append(f"optim.lr: must be > 0, got {o.lr}")
-    if not 0 <= o.min_lr_ratio <= 1:
-        p.append(f"optim.min_lr_ratio: must lie in [0, 1], got {o.min_lr_ratio}")
-    _check_steps_or_fraction(o.warmup, "optim.warmup", p)
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        p.append(f"optim.betas: must be two numbers in [0, 1), got {o.betas}")
-    if o.eps <= 0:
-        p.append(f"optim.eps: must be > 0, got {o.eps}")
-    if o.weight_decay < 0:
-        p.append(f"optim.weight_decay: must be >= 0, got {o.weight_decay}")
-    if o.grad_clip < 0:
-        p.append(f"optim.grad_clip: must be >= 0 (0 = no clipping), got {o.grad_clip}")
-    _check_steps_or_fraction(s.s0, "schedule.s0", p)
-    _check_steps_or_fraction(s.s1, "schedule.s1", p)
-    if type(s.s0) is type(s.s1) and s.s1 < s.s0:
-        p.append(f"schedule.s1 ({s.s1}) must not come before schedule.s0 ({s.s0})")
-    if s.ponder_weight < 0:
-        p.append(f"schedule.ponder_weight: must be >= 0, got {s.ponder_weight}")
-    if not 0 <= s.k_max <= 1:
-        p.append(f"schedule.k_max: must lie in [0, 1], got {s.k_max}")
-    if ds.zero_stage not in (0, 1, 2, 3):
-        p.append(f"deepspeed.zero_stage: must be 0, 1, 2 or 3, got {ds.zero_stage}")
-    if ds.offload_optimizer != "none" and ds.zero_stage == 0:
-        p.append("deepspeed.offload_optimizer: needs zero_stage >= 1")
-    if ds.offload_param != "none" and ds.zero_stage != 3:
-        p.append("deepspeed.offload_param: needs zero_stage 3")
-    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-        p.append("deepspeed.nvme_path: required for nvme offload")
-    if c.every < 1:
-        p.append(f"checkpoint.every: must be >= 1, got {c.every}")
-    if c.keep < 1:
-        p.append(f"checkpoint.keep: must be >= 1, got {c.keep}")
-    if lg.every < 1:
-        p.append(f"logging.every: must be >= 1, got {lg.every}")
-    if lg.peak_flops is not None and lg.peak_flops <= 0:
-        p.append(f"logging.peak_flops: must be > 0, got {lg.peak_flops}")
-    if ev.every < 0:
-        p.append(f"eval.every: must be >= 0 (0 = only at the end), got {ev.every}")
-    if ev.max_batches is not None and ev.max_batches < 1:
-        p.append(f"eval.max_batches: must be >= 1 or null, got {ev.max_batches}")
-    if ev.micro_batch is not None and ev.micro_batch < 1:
-        p.append(f"eval.micro_batch: must be >= 1, got {ev.micro_batch}")
-    if (t.steps is None) == (t.tokens is None):
-        p.append("train.steps / train.tokens: give exactly one (optimizer steps, or a token budget)")
-    if t.steps is not None and t.steps < 1:
-        p.append(f"train.steps: must be >= 1, got {t.steps}")
-    if t.tokens is not None and t.tokens < 1:
-        p.append(f"train.tokens: must be >= 1, got {t.tokens}")
-    if t.micro_batch < 1:
-        p.append(f"train.micro_batch: must be >= 1, got {t.micro_batch}")
-    if t.grad_accum is not None and t.grad_accum < 1:
-        p.append(f"train.grad_accum: must be >= 1, got {t.grad_accum}")
-    if t.global_batch is not None and t.global_batch < 1:
-        p.append(f"train.global_batch: must be >= 1, got {t.global_batch}")
-    if t.grad_accum is None and t.global_batch is None:
-        p.append("train.grad_accum / train.global_batch: give one (the other follows from micro_batch × ranks)")
-    if t.seed < 0:
-        p.append(f"train.seed: must be >= 0, got {t.seed}")
-    if t.stop_at is not None and t.stop_at < 1:
-        p.append(f"train.stop_at: must be >= 1, got {t.stop_at}")
-    if t.max_consecutive_skips < 1:
-        p.append(f"train.max_consecutive_skips: must be >= 1, got {t.max_consecutive_skips}")
-    if t.threads is not None and t.threads < 1:
-        p.append(f"train.threads: must be >= 1, got {t.threads}")
-    if ini.gates_only_tokens < 0:
-        p.append(f"init.gates_only_tokens: must be >= 0, got {ini.gates_only_tokens}")
-    if ini.gates_only_tokens > 0 and ini.backbone is None:
-        p.append("init.gates_only_tokens: a gates-only stage needs init.backbone (continued pretraining)")
+
+    def check(keys: str, broken: bool, message: str) -> None:
+        # A key that failed its own check holds its default now: judging it again would only add noise.
+        if broken and not any(k in bad or k.split(".")[0] in bad for k in keys.split()):
+            p.append(message)
+
+    d, s, ds, ev, t, ini = cfg.data, cfg.schedule, cfg.deepspeed, cfg.eval, cfg.train, cfg.init
+    check("data.path", d.path is None,
+          "data.path: required (the prepared data folder, or where to prepare data.prepare)")
+    check("data.train_tokenizer data.tokenizer", d.train_tokenizer is not None and d.tokenizer is not None,
+          "data.train_tokenizer: cannot be combined with data.tokenizer (train one, or name one)")
+    check("data.format data.prepare", d.format == "indexed" and d.prepare is not None,
+          "data.prepare: prepares packed shards, not an indexed dataset; leave it out with data.format indexed")
+    check("data.format data.val_path eval.every eval.at_end",
+          d.format == "indexed" and d.val_path is None and bool(ev.every or ev.at_end),
+          "data.val_path: required with data.format indexed while validation is on (an indexed PREFIX such as the "
+          "Pile's validation set, or a prepared folder); or set eval.every: 0 and eval.at_end: false")
+    check("schedule.s0 schedule.s1", type(s.s0) is type(s.s1) and s.s1 < s.s0,
+          f"schedule.s1 ({s.s1}) must not come before schedule.s0 ({s.s0})")
+    check("deepspeed.offload_optimizer deepspeed.zero_stage", ds.offload_optimizer != "none" and ds.zero_stage == 0,
+          "deepspeed.offload_optimizer: needs zero_stage >= 1")
+    check("deepspeed.offload_param deepspeed.zero_stage", ds.offload_param != "none" and ds.zero_stage != 3,
+          "deepspeed.offload_param: needs zero_stage 3")
+    check("deepspeed.offload_optimizer deepspeed.offload_param deepspeed.nvme_path",
+          "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path,
+          "deepspeed.nvme_path: required for nvme offload")
+    check("train.steps train.tokens", (t.steps is None) == (t.tokens is None),
+          "train.steps / train.tokens: give exactly one (optimizer steps, or a token budget)")
+    check("train.grad_accum train.global_batch", t.grad_accum is None and t.global_batch is None,
+          "train.grad_accum / train.global_batch: give one (the other follows from micro_batch × ranks)")
+    check("init.gates_only_tokens init.backbone", ini.gates_only_tokens > 0 and ini.backbone is None,
+          "init.gates_only_tokens: a gates-only stage needs init.backbone (continued pretraining)")
     from adaponder.hub import is_hub_id
 
-    if ini.backbone is not None and not is_hub_id(ini.backbone) and not (Path(ini.backbone) / "config.json").is_file():
-        p.append(f"init.backbone: {ini.backbone} is not a Hugging Face checkpoint folder (no config.json) nor a hub "
-                 "id (org/name, e.g. EleutherAI/pythia-410m-deduped)")
-    if ini.revision is not None and ini.backbone is None:
-        p.append("init.revision: applies to a hub id in init.backbone (org/name); there is no init.backbone")
-    if ini.gates_only_tokens > 0 and cfg.model.get("mode", "adaponder") != "adaponder":
-        p.append("init.gates_only_tokens: only mode 'adaponder' has gates to train")
+    check("init.backbone", ini.backbone is not None and not is_hub_id(ini.backbone)
+          and not (Path(ini.backbone) / "config.json").is_file(),
+          f"init.backbone: {ini.backbone} is not a Hugging Face checkpoint folder (no config.json) nor a hub id "
+          "(org/name, e.g. EleutherAI/pythia-410m-deduped)")
+    check("init.revision init.backbone", ini.revision is not None and ini.backbone is None,
+          "init.revision: applies to a hub id in init.backbone (org/name); there is no init.backbone")
+    check("init.gates_only_tokens", ini.gates_only_tokens > 0 and cfg.model.get("mode", "adaponder") != "adaponder",
+          "init.gates_only_tokens: only mode 'adaponder' has gates to train")
     return p
 
 
@@ -456,16 +400,13 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
     """Validate a raw mapping (the parsed YAML) into a :class:`TrainConfig`."""
     raw = dict(raw or {})
     problems: list[str] = []
-    known = {"model", *SECTIONS}
-    for key in raw:
-        if key not in known:
-            problems.append(f"{key}: unknown section (known: {', '.join(sorted(known))})")
-    sections = {name: typed_config.build_section(cls, raw.get(name), name, problems) for name, cls in SECTIONS.items()}
+    bad: set[str] = set()
+    sections = typed_config.validate_sections(raw, SECTIONS, problems, bad, others=("model",))
     model = raw.get("model") or {}
     cfg = TrainConfig(model=dict(model) if isinstance(model, Mapping) else {}, source=source, **sections)
     model_problems = _model_problems(model, cfg.init.backbone is not None)
-    problems += model_problems + _semantic_problems(cfg)
-    if not model_problems and cfg.init.backbone is None and cfg.data.seq_len >= 1:
+    problems += model_problems + _cross_problems(cfg, bad)
+    if not model_problems and cfg.init.backbone is None and "data.seq_len" not in bad:
         problems += _position_problems(cfg)
     if problems:
         raise TrainConfigError(problems, source)
