@@ -50,4 +50,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from adaponder.cli.errors import cli_main
+
+    sys.exit(cli_main(main)())

@@ -123,3 +123,15 @@ def test_caps_and_prepared_data_folder(tmp_path):
     docs = load_documents(prep, tok)
     assert [d.ids.tolist() for d in docs] == [d1, d2]
     assert [d.n_bytes for d in docs] == [len(TEXT.encode()), len(b"Hello there.")]
+
+    # --packing stream: the split cut like training validation (samples of window + 1 tokens every window)
+    (stream_doc,) = load_documents(prep, tok, packing="stream", window=4)
+    samples = (len(stream) - 1) // 4
+    assert stream_doc.lead == stream[0] and stream_doc.ids.tolist() == stream[1:samples * 4 + 1].tolist()
+    assert [(b, e) for b, e, _ in sliding_windows(len(stream_doc), 4, 4)] == [(4 * i, 4 * i + 4) for i in range(samples)]
+    (capped,) = load_documents(prep, tok, packing="stream", window=4, max_tokens=9)
+    assert len(capped) == 8  # whole samples only
+    with pytest.raises(ValueError, match="needs --window"):
+        load_documents(prep, tok, packing="stream")
+    with pytest.raises(ValueError, match="adaponder-prepare"):
+        load_documents(tmp_path / "a.txt", tok, packing="stream", window=4)

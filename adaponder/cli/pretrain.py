@@ -15,15 +15,19 @@
 ``--config`` is a file, or the name of a preset shipped with adaponder (``configs/tiny.yaml``, ``tiny``) when no
 such file exists here.
 
-Exit codes: 0 done; 2 configuration/data/checkpoint error (nothing written); 3 stopped after too many
-non-finite steps; 128+signal after SIGTERM/SIGINT (a checkpoint was written first).
+Exit codes: 0 done; 2 configuration/data/checkpoint error (one ``error:`` line, nothing written; ``--debug`` for
+the traceback); 3 stopped after too many non-finite steps; 128+signal after SIGTERM/SIGINT (a checkpoint was
+written first).
 """
 
 import argparse
 import os
 import sys
 
+from adaponder.cli.errors import add_debug_help, cli_main
 
+
+@cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="training YAML (configs/*.yaml, or a shipped preset's name)")
@@ -31,19 +35,15 @@ def main(argv=None) -> int:
                    help="override a config value, e.g. optim.lr=3e-4 (repeatable)")
     p.add_argument("--resume", default=None, metavar="auto|PATH", help="continue a run from a checkpoint")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    add_debug_help(p)
     args = p.parse_args(argv)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
     from adaponder.resources import find_config
-    from adaponder.train.config import TrainConfigError, load_config
+    from adaponder.train.config import load_config
 
-    try:
-        cfg = load_config(find_config(args.config), args.overrides)
-    except TrainConfigError as err:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {err}", file=sys.stderr)
-        return 2
+    cfg = load_config(find_config(args.config), args.overrides)  # a TrainConfigError is one line, exit 2 (cli_main)
     from adaponder.train.trainer import run
 
     return run(cfg, args.resume)

@@ -7,7 +7,9 @@ Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
 * ``--include_path`` defaults to the ``adaponder_*`` task folder (``eval/tasks``; shipped in the wheel too);
 * after lm-eval's results table, the recurrence settings and the realised compute (mean exit pass, exit
   histogram, FLOPs per token and × one pass) are printed; they are also in the results JSON under
-  ``config.adaponder``.
+  ``config.adaponder``;
+* a checkpoint folder that does not exist is one ``error:`` line (exit code 2), as is any user error
+  (:mod:`adaponder.cli.errors`; ``--debug`` shows the traceback).
 
 Examples::
 
@@ -19,10 +21,13 @@ Examples::
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from adaponder.cli.errors import cli_main, require_checkpoint
 
 
 def default_task_path() -> Path | None:
@@ -63,14 +68,43 @@ def build_argv(argv: Sequence[str]) -> list[str]:
     return argv
 
 
+def _value(argv: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def checkpoint_of(argv: Sequence[str]) -> str | None:
+    """The checkpoint folder that lm-eval arguments (:func:`build_argv`'s output) give the ``adaponder`` model
+    (``checkpoint=`` or ``pretrained=`` in ``--model_args``, ``k=v,...`` or JSON); None for another model."""
+    if _value(argv, "--model") != "adaponder" or (model_args := _value(argv, "--model_args")) is None:
+        return None
+    if model_args.lstrip().startswith("{"):
+        try:
+            values = json.loads(model_args)
+        except json.JSONDecodeError:
+            return None  # lm-eval reports it
+    else:
+        values = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv)
+    ckpt = values.get("checkpoint", values.get("pretrained"))
+    return None if ckpt is None else str(ckpt)
+
+
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_argv(sys.argv[1:] if argv is None else argv)
+    if (ckpt := checkpoint_of(args)) is not None:
+        require_checkpoint(ckpt)  # a missing folder would end in transformers' "Repo id must be ..." error
+
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
     from .lm_eval_model import AdaPonderLM  # registers the "adaponder" model
 
-    args = build_argv(sys.argv[1:] if argv is None else argv)
     setup_logging()
     parser = HarnessCLI()
     saved = sys.argv

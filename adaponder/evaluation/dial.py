@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from adaponder.cli.errors import cli_main
+
 from .perplexity import Document, score_documents, summarize
 
 DEFAULT_TAUS = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -55,6 +57,7 @@ def dial_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     from . import plots
     from .accounting import ONE_PASS_BASELINE

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from adaponder.cli.errors import cli_main
+
 from .accounting import exit_histogram
 from .perplexity import TokenScores
 from .token_dump import token_texts, write_token_dump
@@ -50,6 +52,7 @@ def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
              "mean_nll": float(scores.nll[sel][scores.token[sel] == ids[i]].mean())} for i in top]
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     from . import plots
     from .perplexity import _Codec, add_data_args, add_recurrence_args, documents_from_args, score_documents

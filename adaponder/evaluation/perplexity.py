@@ -41,6 +41,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
+from adaponder.data.errors import EmptyInputError, VocabRangeError
+
 from .accounting import ONE_PASS_BASELINE, exit_histogram, flops_summary
 from .settings import EXIT_RULES
 
@@ -151,16 +154,16 @@ def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int
 
     path = Path(path)
     if not (path.is_dir() and (path / "meta.json").is_file()):
-        raise ValueError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
+        raise UsageError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
     if window < 1:
-        raise ValueError(f"--packing stream needs a window >= 1, got {window}")
+        raise UsageError(f"--packing stream needs a window >= 1, got {window}")
     shards = open_shards(path, read_meta(path), split)
     stream = np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
     samples = (len(stream) - 1) // window if len(stream) > window else 0
     if max_tokens is not None:
         samples = min(samples, max_tokens // window)
     if samples < 1:
-        raise ValueError(f"{path} split {split!r}: fewer than one sample of window + 1 = {window + 1} tokens "
+        raise EmptyInputError(f"{path} split {split!r}: fewer than one sample of window + 1 = {window + 1} tokens "
                          f"(stream of {len(stream)} tokens, max_tokens {max_tokens})")
     ids = stream[1:samples * window + 1].astype(np.int64)
     n_bytes = len(_Codec(tokenizer).decode(ids).encode("utf-8"))
@@ -180,10 +183,10 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+        raise UsageError(f"packing must be one of {PACKINGS}, got {packing!r}")
     if packing == "stream":
         if window is None:
-            raise ValueError("--packing stream needs --window (the training run's data.seq_len)")
+            raise UsageError("--packing stream needs --window (the training run's data.seq_len)")
         return [load_stream(src, tokenizer, window, max_tokens, split) for src in sources]
     codec = _Codec(tokenizer)
     docs: list[Document] = []
@@ -216,7 +219,7 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
             if left is not None:
                 left -= len(ids)
     if not docs:
-        raise ValueError(f"no tokens to score in {', '.join(map(str, sources))}")
+        raise EmptyInputError(f"no tokens to score in {', '.join(map(str, sources))}")
     return docs
 
 
@@ -427,9 +430,34 @@ TABLE_HEADER = ("| data | tokens | perplexity | bits/byte | mean exit pass | MFL
                 "|---|---:|---:|---:|---:|---:|---:|")
 
 
+def check_window_args(args: argparse.Namespace, context: int) -> None:
+    """:class:`UsageError` for ``--window`` / ``--stride`` values that cannot work: a window below 1 or beyond the
+    checkpoint's ``context`` (``max_position_embeddings``), a stride outside ``[1, window]``."""
+    if args.window is not None and not 1 <= args.window <= context:
+        raise UsageError(f"--window {args.window}: expected 1 <= window <= the checkpoint's context "
+                         f"(max_position_embeddings {context})")
+    window = args.window or min(context, 1024)  # default_window's rule
+    if args.stride is not None and not 1 <= args.stride <= window:
+        raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
+
+
+def check_vocab(docs: Sequence[Document], vocab_size: int) -> None:
+    """:class:`VocabRangeError` naming the document and id when the tokenizer yields ids the model cannot embed
+    (a checkpoint whose tokenizer does not match its model, or damaged prepared data)."""
+    for doc in docs:
+        bad = np.flatnonzero((doc.ids < 0) | (doc.ids >= vocab_size))
+        if bad.size:
+            i = int(bad[0])
+            raise VocabRangeError(f"{doc.name}: token {i} has id {int(doc.ids[i])}, outside the model's vocabulary "
+                                  f"(size {vocab_size}); does the checkpoint's tokenizer match its model?")
+
+
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
+    from adaponder.modeling import AdaPonderConfig
+
     from .pruning import make_policy
-    from .settings import load_for_eval, settings_of
+    from .settings import load_for_eval, load_tokenizer_for, settings_of
     from .token_dump import write_token_dump
 
     p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.perplexity", description=__doc__,
@@ -439,13 +467,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_recurrence_args(p)
     p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
     p.add_argument("--json", default=None, help="write the summary as JSON here")
+    add_debug_help(p)
     args = p.parse_args(argv)
     if args.max_tokens is not None and args.max_tokens <= 0:
         args.max_tokens = None
-
-    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    codec = _Codec(tok)
+    # Arguments and data that cannot work fail here, in one line, before the weights are loaded.
+    require_checkpoint(args.checkpoint)
+    for src in args.data:
+        if not Path(src).exists():
+            raise UsageError(f"--data {src}: no such file or folder")
+    config = AdaPonderConfig.from_pretrained(args.checkpoint)
+    check_window_args(args, config.max_position_embeddings)
+    tok = load_tokenizer_for(args.checkpoint)
     docs = documents_from_args(args, tok)
+    check_vocab(docs, config.vocab_size)
+
+    model, _ = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    codec = _Codec(tok)
     kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
               pad_id=codec.pad_id, progress=True)
     target = args.target_mean_exit

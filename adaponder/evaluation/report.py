@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adaponder.cli.errors import cli_main
+
 from . import plots
 from .accounting import ONE_PASS_BASELINE
 from .dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
@@ -402,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_tokens is None:  # sixteen re-scorings (iso-FLOPs, τ dial) of a whole corpus take hours on a CPU

@@ -117,6 +117,29 @@ def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) ->
     return torch.topk(pool, n, largest=False, sorted=False).values.mean()
 
 
+class TokenIdError(ValueError):
+    """Input the model cannot embed: a token id (or label) outside ``[0, vocab_size)``, or no tokens at all."""
+
+
+def check_token_ids(vocab_size: int, **tensors: torch.Tensor | None) -> None:
+    """Raise :class:`TokenIdError` naming the first id outside ``[0, vocab_size)`` (``labels`` and
+    ``shift_labels`` may also hold the ignore index -100). Such an id would otherwise end in an IndexError deep
+    in the embedding or the loss — on CUDA in a device-side assert that poisons the process. One min/max
+    reduction per tensor and a single host transfer for all of them."""
+    named = [(n, t if n == "input_ids" else t.masked_fill(t == -100, 0)) for n, t in tensors.items()
+             if t is not None and t.numel()]
+    if not named:
+        return
+    device = named[0][1].device  # labels may live elsewhere (forward moves them); one transfer for all bounds
+    bounds = torch.stack([b.to(device) for _, t in named for b in torch.aminmax(t)]).tolist()  # the one host sync
+    for (name, t), lo, hi in zip(named, bounds[0::2], bounds[1::2]):
+        if lo < 0 or hi >= vocab_size:
+            pos = tuple(((t < 0) | (t >= vocab_size)).nonzero()[0].tolist())
+            what = "token id" if name == "input_ids" else f"{name} value"
+            raise TokenIdError(f"{what} {int(t[pos])} at position {pos} is outside the vocabulary "
+                               f"(size {vocab_size}: ids 0..{vocab_size - 1})")
+
+
 def _model_type(path: str) -> str | None:
     import json
     import os
@@ -349,6 +372,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        self._check_inputs(input_ids, inputs_embeds, labels, shift_labels)
         if use_cache is None:
             use_cache = cache is not None or (cfg.use_cache and not self.training)
         cache = self._ponder_cache(cache) if use_cache else None
@@ -456,7 +480,27 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             pass_logits=tuple(pass_logits) if return_pass_logits else None,
         )
 
+    def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
+        """``GenerationMixin.generate`` after :meth:`forward`'s input checks: transformers' own code would
+        index an empty prompt, or embed an id outside the vocabulary, before any forward runs."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+            self._check_inputs(ids, None, None, None)
+        return super().generate(inputs, *args, **kwargs)
+
     # -- pieces of the pass loop ---------------------------------------------------------------
+    def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels) -> None:
+        """Empty input, and ids outside the vocabulary (:func:`check_token_ids`), raise TokenIdError here, once
+        per call, rather than deep inside the passes. The range check costs a host sync; it is skipped when
+        training on an accelerator (the data loaders range-check every batch they serve) and while
+        ``torch.compile`` traces (a data-dependent branch would break the graph)."""
+        x = input_ids if input_ids is not None else inputs_embeds
+        if x.shape[:2].numel() == 0:
+            raise TokenIdError(f"the input is empty (shape {tuple(x.shape)}); expected at least one token per row")
+        if torch.compiler.is_compiling() or (self.training and x.device.type != "cpu"):
+            return
+        check_token_ids(self.config.vocab_size, input_ids=input_ids, labels=labels, shift_labels=shift_labels)
+
     def _insert_pauses(self, input_ids, inputs_embeds, attention_mask, position_ids):
         """A19: the backbone's inputs with P pause embeddings after every token. Masks and positions
         follow the expansion (a pause is padding when its token is; positions stay consecutive), so
@@ -667,4 +711,4 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
 
 
 __all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "PonderGate",
-           "ponder_loss"]
+           "TokenIdError", "check_token_ids", "ponder_loss"]
