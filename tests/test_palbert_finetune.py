@@ -33,16 +33,6 @@ def worker():
     w.close()
 
 
-def launcher_main():
-    """``main`` of launch/finetune_glue.py (a script, not a package module)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("finetune_glue", REPO / "launch" / "finetune_glue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
 def run_cli(worker, tmp_path, task, extra=(), init="tiny-random"):
     out = tmp_path / task
     rc, log = worker.run(finetune_argv(task, out, *extra, init=init))
@@ -92,15 +82,36 @@ def test_deepspeed_section_is_typed_and_names_bad_keys():
         assert needle in msg, (needle, msg)
 
 
+def test_config_choices_are_the_shared_definitions():
+    """Exit rules, methods, core modes and tasks come from their one definition (pondernet, core_modes, glue)."""
+    from adaponder.core_modes import CORE_MODE_CHOICES
+    from adaponder.palbert.config import FinetuneConfig
+    from adaponder.palbert.glue import GLUE_TASKS
+    from adaponder.palbert.pondernet import EXIT_RULES, METHODS
+
+    rte = REPO / "configs/glue/rte.yaml"
+    assert FinetuneConfig().eval.rules == FinetuneConfig().timing.rules == list(EXIT_RULES)
+    for method in METHODS:
+        assert load_finetune_config(rte, [f"model.method={method}"]).model.method == method
+    for mode in CORE_MODE_CHOICES:
+        assert load_finetune_config(rte, [f"model.core_mode={mode}"]).model.core_mode == mode
+    for task in GLUE_TASKS:
+        assert load_finetune_config(rte, [f"task={task}"]).task == task
+    with pytest.raises(FinetuneConfigError) as err:  # PABEE models have no Lambda layer: no λ-based selection
+        load_finetune_config(rte, ["model.method=pabee", "train.select_rule=q", "model.core_mode=pause"])
+    assert "train.select_rule: must be null or one of pabee, last for method 'pabee'" in str(err.value)
+    assert "model.core_mode: must be null or one of vanilla, ponderlm, loop, adaponder" in str(err.value)
+
+
 def test_cli_reports_config_errors(tmp_path, capsys):
-    main = launcher_main()
+    from adaponder.cli.finetune_glue import main
 
     rc = main(["--config", str(REPO / "configs/glue/rte.yaml"), "--init", "tiny-random",
                "--set", "train.lr=-1", "--set", "model.passes=0", "--output", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and "train.lr: must be > 0" in err and "model.passes: (N) must be >= 1" in err
     rc = main(["--config", str(REPO / "configs/glue/rte.yaml"), "--init", str(tmp_path / "nowhere")])
-    assert rc == 2 and "not a checkpoint directory" in capsys.readouterr().err
+    assert rc == 2 and "no such checkpoint folder" in capsys.readouterr().err
 
 
 def test_tokenizer_and_separator():

@@ -12,13 +12,12 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.palbert.classifier import (
-    RULES,
     AdaPonderForSequenceClassification,
     PalbertConfig,
     last_token_index,
     offline_exit,
 )
-from adaponder.palbert.pondernet import exit_distribution, pondernet_loss
+from adaponder.palbert.pondernet import EXIT_RULES, exit_distribution, pondernet_loss, rules_for_method
 from conftest import tiny_config
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=97,
@@ -182,7 +181,7 @@ def test_loss_goes_down(method):
 
 # -- B9: online early exit ----------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["ponderlm", "loop", "vanilla"])
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", EXIT_RULES)
 def test_online_early_exit_equals_offline_rule(mode, rule):
     model = make(mode=mode)
     ids, mask = padded_batch(batch=10, seed=1)
@@ -271,7 +270,7 @@ def test_regression_path(method):
     model.eval()
     with torch.no_grad():
         full = model(ids, mask)
-    for rule in (["pabee", "last"] if method == "pabee" else RULES):
+    for rule in rules_for_method(method):
         res = model.predict(ids, mask, rule, patience=1, generator=torch.Generator().manual_seed(0))
         off, idx = offline_exit(full, rule, patience=1, regression=True, regression_threshold=0.2,
                                 generator=torch.Generator().manual_seed(0))

@@ -1,53 +1,107 @@
-"""``adaponder-finetune-glue``: PALBERT-mode GLUE fine-tuning, the same command line as ``launch/finetune_glue.py``
-(see its ``--help``).
+"""Fine-tune the recurrent core on a GLUE task in PALBERT mode (docs/method.md (b)) and evaluate every exit rule.
 
-A thin wrapper: it runs ``main`` of ``launch/finetune_glue.py`` — the checkout's, or the copy a wheel carries in
-``adaponder/_resources/launch/`` — with its default output folder (``runs/glue/...``) under the current folder
-rather than next to the script. ``deepspeed $(which adaponder-finetune-glue) ... --deepspeed`` runs it under the
-DeepSpeed launcher.
+One process (a 1-rank DeepSpeed group, like pretraining)::
+
+    python launch/finetune_glue.py --config configs/glue/sst2.yaml --init runs/demo/hf --output runs/glue/sst2
+    adaponder-finetune-glue --config configs/glue/sst2.yaml --init EleutherAI/pythia-160m --init-revision step143000
+
+Data parallel over N ranks (ZeRO stage from the config's ``deepspeed`` section, e.g. ``--set deepspeed.zero_stage=3``)::
+
+    deepspeed --num_gpus 2 launch/finetune_glue.py --config configs/glue/rte.yaml --init CKPT --deepspeed
+
+``--init`` is a local Hugging Face checkpoint folder (AdaPonder or GPT-NeoX/Pythia), a hub id (with
+``--init-revision``, resolved through the Hugging Face cache; offline only the cache is read) or ``tiny-random``
+(the ``tiny`` preset, randomly initialised; for smoke runs). GLUE comes from the TSV folder (``--data-dir``, else
+``$ADAPONDER_GLUE_DIR``) or through Hugging Face ``datasets`` (``--hf-dataset nyu-mll/glue`` or a ``save_to_disk``
+folder); the examples are the same. ``--config`` is a file, or a shipped preset's name (``configs/glue/sst2.yaml``).
+``--set section.key=value`` overrides any config value (e.g. ``--set train.max_examples=64``).
+
+Checkpoints (``<output>/checkpoints``) are written after every dev evaluation and on SIGTERM/SIGINT;
+``--resume auto`` continues an interrupted run (mid-training, or straight to the evaluation phases).
+``results.json`` / ``results.md`` (metric per exit rule, mean exit pass, speed-up, time per example at
+batch 1 and 32) are rewritten as each phase ends; ``metrics.jsonl`` logs steps, evaluations and events.
+
+Exit codes: 0 done (or stopped at ``train.stop_at``), 2 configuration/data/checkpoint/model-name error (one
+``error:`` line naming the file, and the line of a bad TSV row; ``--debug`` shows the traceback instead,
+:mod:`adaponder.cli.errors`), 3 non-finite loss, 128 + N stopped by signal N (a checkpoint was saved; continue
+with ``--resume auto``).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
-
-def load_launch_module(name: str):
-    """``launch/<name>.py`` as a module (checkout first, then the wheel's copy)."""
-    from adaponder.resources import launch_script
-
-    path = launch_script(name)
-    if path is None:
-        raise SystemExit(f"error: launch/{name}.py is not available (neither in a checkout nor in the installed "
-                         "package's resources)")
-    spec = importlib.util.spec_from_file_location(f"adaponder_launch_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from adaponder.cli.errors import UsageError, add_debug_help, cli_main
 
 
-def _with_config_found(argv: list[str]) -> list[str]:
-    """``--config configs/glue/sst2.yaml`` names the shipped preset when no such file exists here."""
-    from adaponder.resources import find_config
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="configs/glue/<task>.yaml (a file, or a shipped preset's name)")
+    ap.add_argument("--init", default=None,
+                    help="checkpoint folder (AdaPonder or GPT-NeoX HF format), hub id (org/name) or 'tiny-random'; "
+                         "default: the config's 'init'")
+    ap.add_argument("--init-revision", default=None, metavar="REV",
+                    help="revision (branch, tag or commit) of a hub id --init, e.g. Pythia's step143000")
+    ap.add_argument("--data-dir", default=None,
+                    help="GLUE TSV root with <Task>/{train,dev}.tsv (default: $ADAPONDER_GLUE_DIR)")
+    ap.add_argument("--hf-dataset", default=None, metavar="ID_OR_PATH",
+                    help="instead of TSVs, read GLUE through Hugging Face datasets: a dataset id (nyu-mll/glue) or a "
+                         "save_to_disk folder (sets data.hf_dataset; a revision: --set data.hf_revision=REV)")
+    ap.add_argument("--output", default=None, help="output directory (default: runs/glue/<task>-<method>-s<seed>)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. train.lr=1e-4 (repeatable)")
+    ap.add_argument("--resume", default=None, metavar="auto|PATH",
+                    help="continue from the newest intact checkpoint of the run ('auto'; a fresh start when there is "
+                         "none) or from a checkpoint folder; without it a run refuses a folder holding checkpoints")
+    add_debug_help(ap)
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="accepted for the deepspeed launcher's convention; training always runs on a DeepSpeed engine")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
 
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a == "--config" and i + 1 < len(out):
-            out[i + 1] = str(find_config(out[i + 1]))
-        elif a.startswith("--config="):
-            out[i] = "--config=" + str(find_config(a.split("=", 1)[1]))
-    return out
 
-
-def main(argv=None) -> int:
+def default_output(task: str, method: str, seed: int) -> Path:
+    """``runs/glue/<task>-<method>-s<seed>`` under the checkout, or under the current folder when installed."""
     from adaponder.resources import repo_root
 
-    module = load_launch_module("finetune_glue")
-    if repo_root() is None and hasattr(module, "REPO"):
-        module.REPO = Path.cwd()  # installed: default outputs under ./runs, not inside site-packages
-    return module.main(_with_config_found(sys.argv[1:] if argv is None else argv))
+    return (repo_root() or Path.cwd()) / "runs" / "glue" / f"{task}-{method}-s{seed}"
+
+
+@cli_main  # user errors (configuration, GLUE files, model names, checkpoints): one line, exit code 2
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings: nothing tokenises in parallel
+
+    from adaponder.palbert.config import load_finetune_config
+    from adaponder.palbert.finetune import run_finetune
+    from adaponder.resources import find_config
+    from adaponder.train.trainer import TrainingStopped
+
+    # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.
+    overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
+    cfg = load_finetune_config(find_config(args.config), overrides)
+    if args.init:  # replaces the config's init together with its revision (which names another model)
+        init, revision = args.init, args.init_revision
+    else:
+        init, revision = cfg.init, args.init_revision or cfg.init_revision
+    if not init:
+        raise UsageError("no --init given and the config has no 'init'")
+    output = args.output or default_output(cfg.task, cfg.model.method, cfg.train.seed)
+    try:
+        run_finetune(cfg, init=init, init_revision=revision, data_dir=args.data_dir, output=output,
+                     resume=args.resume)
+    except TrainingStopped as stop:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(stop, file=sys.stderr, flush=True)
+        return stop.exit_code
+    return 0
 
 
 if __name__ == "__main__":

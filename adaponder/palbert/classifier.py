@@ -31,9 +31,13 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers import initialization as hf_init
 from transformers.utils import ModelOutput
 
+from adaponder.core_modes import CLASSIFIER_CORE_MODES, classifier_core_mode
 from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
 from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
 from adaponder.palbert.pondernet import (
+    EXIT_RULES,
+    KL_DIRECTIONS,
+    METHODS,
     ExitController,
     LambdaLayer,
     exit_distribution,
@@ -45,32 +49,19 @@ from adaponder.palbert.pondernet import (
     pabee_loss,
     pondernet_loss,
     q_exit,
+    rules_for_method,
     sample_exit,
 )
 
 __all__ = [
-    "METHODS",
-    "RULES",
     "PalbertConfig",
     "PalbertOutput",
     "PalbertPrediction",
     "AdaPonderForSequenceClassification",
     "last_token_index",
     "offline_exit",
-    "rules_for_method",
     "predictions_from_outputs",
 ]
-
-METHODS = ("palbert", "pondernet", "pabee")
-RULES = ("q", "sample", "expectation", "last", "pabee")
-CORE_MODES = ("vanilla", "ponderlm", "loop")
-KL_DIRECTIONS = ("prior_to_p", "p_to_prior")
-
-
-def rules_for_method(method: str) -> tuple[str, ...]:
-    """Exit rules that apply to a trained ``method``: λ-based rules need a Lambda layer; PABEE's patience
-    rule and always-last need only per-pass predictions (a PALBERT model applies PABEE to its shared head)."""
-    return ("pabee", "last") if method == "pabee" else RULES
 
 
 @strict
@@ -124,10 +115,11 @@ PalbertConfig._auto_class = None  # not remote-code loadable: it imports adapond
 def palbert_problems(cfg) -> list[str]:
     """Every inconsistency among the classifier fields of ``cfg`` (a :class:`PalbertConfig` or namespace)."""
     problems = []
-    if cfg.mode not in CORE_MODES:
-        hint = " (load an 'adaponder' checkpoint with from_backbone: it becomes 'ponderlm')" \
-            if cfg.mode == "adaponder" else ""
-        problems.append(f"'mode' of a classifier core must be one of {', '.join(CORE_MODES)}; got {cfg.mode!r}{hint}")
+    if cfg.mode not in CLASSIFIER_CORE_MODES:
+        core = classifier_core_mode(cfg.mode)
+        hint = f" (load a '{cfg.mode}' checkpoint with from_backbone: it becomes '{core}')" if core != cfg.mode else ""
+        problems.append(f"'mode' of a classifier core must be one of {', '.join(CLASSIFIER_CORE_MODES)}; "
+                        f"got {cfg.mode!r}{hint}")
     if not isinstance(cfg.palbert_passes, int) or cfg.palbert_passes < 1:
         problems.append(f"'palbert_passes' (N) must be an integer >= 1, got {cfg.palbert_passes!r}")
     if cfg.palbert_method not in METHODS:
@@ -261,9 +253,7 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
             src_mode = meta.get("mode", "vanilla") if meta.get("model_type") != "gpt_neox" else "vanilla"
         else:
             src_mode = getattr(source.config, "mode", "vanilla")
-        mode = mode or ("ponderlm" if src_mode == "adaponder" else src_mode)
-        if mode == "adaponder":
-            mode = "ponderlm"
+        mode = classifier_core_mode(mode or src_mode)
         core_kw = {} if mode == "vanilla" else {"passes": 1}  # the LM's K is not used by the classifier
         core = AdaPonderForCausalLM.from_backbone(source, mode=mode, dtype=dtype, **core_kw)
         fields = {f.name for f in dataclasses.fields(AdaPonderConfig)}
@@ -384,9 +374,9 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         attention is causal). The model is put in eval mode for the call.
         """
         cfg = self.config
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
-        if rule in ("q", "sample", "expectation") and self.lambda_layer is None:
+        if rule not in EXIT_RULES:
+            raise ValueError(f"rule must be one of {', '.join(EXIT_RULES)}; got {rule!r}")
+        if rule not in rules_for_method(cfg.palbert_method):
             raise ValueError(f"rule {rule!r} needs a Lambda layer; a '{cfg.palbert_method}' model supports "
                              f"{', '.join(rules_for_method(cfg.palbert_method))}")
         if rule == "pabee" and patience is None:
@@ -478,7 +468,7 @@ def offline_exit(out: PalbertOutput, rule: str, *, q: float = 0.5, patience: int
     elif rule == "expectation":
         return expected_prediction(pl, out.p, regression=regression), last_exit(b, n, pl.device)
     else:
-        raise ValueError(f"rule must be one of {', '.join(RULES)}; got {rule!r}")
+        raise ValueError(f"rule must be one of {', '.join(EXIT_RULES)}; got {rule!r}")
     return gather_at_exit(pl, idx), idx
 
 

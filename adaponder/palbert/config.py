@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from adaponder import typed_config
+from adaponder.core_modes import CORE_MODE_CHOICES
+from adaponder.palbert.glue import GLUE_TASKS
 from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
+from adaponder.palbert.pondernet import EXIT_RULES, KL_DIRECTIONS, METHODS, rules_for_method
 from adaponder.train.config import DeepSpeedConfig
 
 __all__ = [
@@ -37,10 +40,6 @@ __all__ = [
     "load_finetune_config",
     "parse_overrides",
 ]
-
-_METHODS = ("palbert", "pondernet", "pabee")
-_RULES = ("q", "sample", "expectation", "last", "pabee")
-_CORE_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
 
 
 class FinetuneConfigError(typed_config.ConfigError):
@@ -80,12 +79,16 @@ class LossSection:
 class DataSection:
     """Tokenisation: ``text_a + sep + text_b + suffix``, truncated to ``max_length`` (B8: 128).
     ``sep``/``suffix`` are token strings (special tokens by name; empty = none). ``tokenizer: null`` is the
-    bundled Pythia tokenizer."""
+    bundled Pythia tokenizer. ``hf_dataset``: read GLUE through Hugging Face ``datasets`` (a dataset name such as
+    ``nyu-mll/glue`` at ``hf_revision``, or a ``save_to_disk`` folder; :mod:`adaponder.data.glue_datasets`)
+    instead of the TSV folder (``--data-dir`` / ``$ADAPONDER_GLUE_DIR``); the examples are the same."""
 
     max_length: int = 128
     sep: str = "<|endoftext|>"
     suffix: str = "<|endoftext|>"
     tokenizer: str | None = None
+    hf_dataset: str | None = None
+    hf_revision: str | None = None
 
 
 @dataclass
@@ -128,7 +131,7 @@ class EvalSection:
     sample_draws: int = 5
     batch_size: int = 64
     max_examples: int = 0
-    rules: list = field(default_factory=lambda: list(_RULES))
+    rules: list = field(default_factory=lambda: list(EXIT_RULES))
 
 
 @dataclass
@@ -140,7 +143,7 @@ class TimingSection:
     batch_sizes: list = field(default_factory=lambda: [1, 32])
     max_examples: int = 256
     repeats: int = 3
-    rules: list = field(default_factory=lambda: list(_RULES))
+    rules: list = field(default_factory=lambda: list(EXIT_RULES))
     threads: int = 0
 
 
@@ -179,8 +182,12 @@ class DeepSpeedSection(DeepSpeedConfig):
 
 @dataclass
 class FinetuneConfig:
+    """``init``: the checkpoint to start from (a local folder, a Hugging Face hub id at ``init_revision``, or
+    ``tiny-random``); ``--init`` / ``--init-revision`` override both."""
+
     task: str = ""
     init: str | None = None
+    init_revision: str | None = None
     model: ModelSection = field(default_factory=ModelSection)
     loss: LossSection = field(default_factory=LossSection)
     data: DataSection = field(default_factory=DataSection)
@@ -220,14 +227,14 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     if "task" not in bad:
         try:
             name = canonical_task(cfg.task)
-            check("task", name in ("cola", "sst2", "mrpc", "stsb", "rte", "wnli"),
-                  f"has no GLUE data here: {cfg.task!r} (available: cola, sst2, mrpc, stsb, rte, wnli)")
+            check("task", name in GLUE_TASKS,
+                  f"has no GLUE data here: {cfg.task!r} (available: {', '.join(GLUE_TASKS)})")
         except ValueError:
             problems.append(f"task: must be a GLUE task ({', '.join(METRIC_NAMES)}); got {cfg.task!r}")
-    check("model.method", m.method in _METHODS, f"must be one of {', '.join(_METHODS)}; got {m.method!r}")
+    check("model.method", m.method in METHODS, f"must be one of {', '.join(METHODS)}; got {m.method!r}")
     check("model.passes", m.passes >= 1, f"(N) must be >= 1, got {m.passes}")
-    check("model.core_mode", m.core_mode is None or m.core_mode in _CORE_MODES,
-          f"must be null or one of {', '.join(_CORE_MODES)}; got {m.core_mode!r}")
+    check("model.core_mode", m.core_mode is None or m.core_mode in CORE_MODE_CHOICES,
+          f"must be null or one of {', '.join(CORE_MODE_CHOICES)}; got {m.core_mode!r}")
     check("model.classifier_dropout", 0 <= m.classifier_dropout < 1, f"must lie in [0, 1), got {m.classifier_dropout}")
     check("model.lambda_dropout", 0 <= m.lambda_dropout < 1, f"must lie in [0, 1), got {m.lambda_dropout}")
     check("model.lambda_layers", m.lambda_layers >= 0, f"must be >= 0, got {m.lambda_layers}")
@@ -235,9 +242,10 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
           f"must be sdpa, eager or flash_attention_2; got {m.attn_implementation!r}")
     check("loss.beta", lo.beta >= 0, f"(β) must be >= 0, got {lo.beta}")
     check("loss.lambda_p", 0 < lo.lambda_p < 1, f"(λ_p) must lie in (0, 1), got {lo.lambda_p}")
-    check("loss.kl_direction", lo.kl_direction in ("prior_to_p", "p_to_prior"),
+    check("loss.kl_direction", lo.kl_direction in KL_DIRECTIONS,
           f"must be prior_to_p (KL(p_G‖p)) or p_to_prior (KL(p‖p_G)); got {lo.kl_direction!r}")
     check("data.max_length", d.max_length >= 4, f"must be >= 4, got {d.max_length}")
+    check("data.hf_revision", d.hf_revision is None or bool(d.hf_dataset), "applies to data.hf_dataset, which is null")
     check("train.lr", t.lr > 0, f"must be > 0, got {t.lr}")
     check("train.lambda_lr", t.lambda_lr > 0, f"must be > 0, got {t.lambda_lr}")
     check("train.weight_decay", t.weight_decay >= 0, f"must be >= 0, got {t.weight_decay}")
@@ -250,7 +258,7 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     check("train.stop_at", t.stop_at is None or t.stop_at >= 1, f"must be null or >= 1, got {t.stop_at}")
     check("train.threads", t.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {t.threads}")
     check("train.grad_clip", t.grad_clip >= 0, f"must be >= 0 (0 = off), got {t.grad_clip}")
-    allowed = ("pabee", "last") if m.method == "pabee" else _RULES
+    allowed = rules_for_method(m.method)
     check("train.select_rule", t.select_rule is None or t.select_rule in allowed,
           f"must be null or one of {', '.join(allowed)} for method {m.method!r}; got {t.select_rule!r}")
     check("eval.q", 0 <= e.q <= 1, f"must lie in [0, 1], got {e.q}")
@@ -259,8 +267,8 @@ def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     check("eval.batch_size", e.batch_size >= 1, f"must be >= 1, got {e.batch_size}")
     check("eval.max_examples", e.max_examples >= 0, f"must be >= 0, got {e.max_examples}")
     for sec, rules in (("eval", e.rules), ("timing", tm.rules)):
-        unknown = [r for r in rules if r not in _RULES]
-        check(f"{sec}.rules", not unknown, f"has unknown exit rules {unknown}; known: {', '.join(_RULES)}")
+        unknown = [r for r in rules if r not in EXIT_RULES]
+        check(f"{sec}.rules", not unknown, f"has unknown exit rules {unknown}; known: {', '.join(EXIT_RULES)}")
     check("timing.batch_sizes", bool(tm.batch_sizes) and all(isinstance(b, int) and not isinstance(b, bool)
                                                              and b >= 1 for b in tm.batch_sizes),
           f"must be a non-empty list of integers >= 1, got {tm.batch_sizes!r}")
@@ -303,7 +311,7 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
                 problems.append(f"{key}: {err}")
                 bad.add(key)
     if "task" not in values:
-        problems.append("task: required (cola, sst2, mrpc, stsb, rte, wnli)")
+        problems.append(f"task: required ({', '.join(GLUE_TASKS)})")
         bad.add("task")
     cfg = FinetuneConfig(**kwargs)
     problems += _semantic_problems(cfg, bad)

@@ -9,10 +9,10 @@ checkpoints with a sha256 manifest and ``--resume`` (:class:`~adaponder.train.ch
 :func:`~adaponder.train.checkpoint.find_resume`, :func:`~adaponder.train.checkpoint.validate`), the metrics
 sink (``metrics.jsonl``, console, wandb) and SIGTERM/SIGINT handling. The phases:
 
-1. **train** — tokenise the GLUE TSVs once; Adam, constant LR, a separate Lambda-layer LR (B8), a global batch
-   of 32 split over the ranks; every ``eval_every`` steps (or epoch) a dev evaluation on every rank (each
-   takes a shard of the dev set) and a checkpoint; early stopping on the dev main metric under the selection
-   rule (Q-exit by default);
+1. **train** — tokenise GLUE once (the TSVs, or a ``datasets`` source: ``data.hf_dataset``); Adam, constant LR,
+   a separate Lambda-layer LR (B8), a global batch of 32 split over the ranks; every ``eval_every`` steps (or
+   epoch) a dev evaluation on every rank (each takes a shard of the dev set) and a checkpoint; early stopping on
+   the dev main metric under the selection rule (Q-exit by default);
 2. **dev** — the best checkpoint's weights; every exit rule on dev from one N-pass forward (sharded over the
    ranks): metric, mean exit pass, speed-up N / mean exit pass, exit histogram, metric per pass;
 3. **online** — the online (early-exit) path checked against the offline rule (rank 0);
@@ -47,12 +47,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaponder.core_modes import classifier_core_mode
+from adaponder.data.glue_datasets import load_glue_examples
+from adaponder.evaluation.accounting import exit_counts
+from adaponder.hub import HubError, describe, is_hub_id, resolve_pretrained
 from adaponder.palbert.classifier import (
     AdaPonderForSequenceClassification,
     PalbertOutput,
     offline_exit,
     predictions_from_outputs,
-    rules_for_method,
 )
 from adaponder.palbert.config import FinetuneConfig, FinetuneConfigError
 from adaponder.palbert.glue import (
@@ -60,11 +63,11 @@ from adaponder.palbert.glue import (
     GlueTaskSpec,
     encode_examples,
     get_task,
-    load_glue_split,
     majority_baseline,
     pad_batch,
 )
 from adaponder.palbert.metrics import glue_metrics
+from adaponder.palbert.pondernet import rules_for_method
 from adaponder.seeding import seed_everything
 from adaponder.train import metrics as M
 from adaponder.train.checkpoint import (
@@ -93,6 +96,9 @@ __all__ = [
     "GlueTokenizer",
     "load_glue_tokenizer",
     "default_glue_dir",
+    "glue_tsv_dir",
+    "TINY_RANDOM",
+    "resolve_init",
     "build_classifier",
     "forward_all",
     "evaluate_rules",
@@ -107,6 +113,8 @@ RULE_NAMES = {"q": "Q-exit", "sample": "sampling", "expectation": "expectation",
               "pabee": "PABEE"}
 #: The phases of a run, in order; ``results.json`` lists the finished ones under ``phases``.
 PHASES = ("train", "dev", "online", "timing")
+#: ``--init`` of a randomly initialised ``tiny`` preset core (smoke runs).
+TINY_RANDOM = "tiny-random"
 
 
 # --------------------------------------------------------------------------------------------- tokenizer
@@ -150,7 +158,30 @@ def default_glue_dir() -> str:
     if os.environ.get("ADAPONDER_SHARED_DATA"):
         return os.path.join(os.environ["ADAPONDER_SHARED_DATA"], "glue")
     raise GlueDataError("GLUE data folder", None, "not given: pass --data-dir DIR (DIR/<Task>/{train,dev}.tsv) "
-                        "or set ADAPONDER_GLUE_DIR")
+                        "or set ADAPONDER_GLUE_DIR, or read GLUE through datasets (--hf-dataset / data.hf_dataset)")
+
+
+def glue_tsv_dir(data_dir: str | None, hf_dataset: str | None) -> str | None:
+    """The TSV folder a run reads GLUE from, or None when ``hf_dataset`` (``data.hf_dataset`` / ``--hf-dataset``)
+    names a ``datasets`` source instead. Both sources given is an error; neither falls back to
+    :func:`default_glue_dir` (``$ADAPONDER_GLUE_DIR`` is only a default, so it never conflicts)."""
+    if hf_dataset:
+        if data_dir:
+            raise GlueDataError("GLUE data", None, f"both a TSV folder ({data_dir}) and a datasets source "
+                                f"({hf_dataset}) given; use one: --data-dir or --hf-dataset / data.hf_dataset")
+        return None
+    return data_dir or default_glue_dir()
+
+
+def resolve_init(init: str, revision: str | None = None) -> str:
+    """The checkpoint folder of ``init``: a local folder, or a Hugging Face hub id at ``revision`` resolved through
+    the cache (:func:`adaponder.hub.resolve_pretrained`; a :class:`~adaponder.hub.HubError` names what is
+    missing). :data:`TINY_RANDOM` is returned as it is."""
+    if init == TINY_RANDOM:
+        if revision:
+            raise HubError(f"a revision ({revision}) applies to a Hugging Face hub id, not to {TINY_RANDOM}")
+        return init
+    return str(resolve_pretrained(init, revision))
 
 
 # ------------------------------------------------------------------------------------------------- model
@@ -158,7 +189,7 @@ def default_glue_dir() -> str:
 
 def build_classifier(cfg: FinetuneConfig, init: str, spec: GlueTaskSpec, seed: int = 0
                      ) -> AdaPonderForSequenceClassification:
-    """The classifier of ``cfg.model`` on the core of ``init`` (a checkpoint directory, or ``tiny-random``
+    """The classifier of ``cfg.model`` on the core of ``init`` (a checkpoint directory, or :data:`TINY_RANDOM`
     for the ``tiny`` preset randomly initialised, shape overrides from ``model.random_shape``)."""
     from adaponder.modeling import AdaPonderForCausalLM, pythia_config
 
@@ -167,9 +198,8 @@ def build_classifier(cfg: FinetuneConfig, init: str, spec: GlueTaskSpec, seed: i
                   lambda_dropout=m.lambda_dropout, lambda_init_bias=m.lambda_init_bias, ponder_beta=lo.beta,
                   ponder_lambda_p=lo.lambda_p, kl_direction=lo.kl_direction)
     torch.manual_seed(seed)
-    if init == "tiny-random":
-        mode = m.core_mode or "ponderlm"
-        mode = "ponderlm" if mode == "adaponder" else mode
+    if init == TINY_RANDOM:
+        mode = classifier_core_mode(m.core_mode or "ponderlm")
         shape = {"passes": 1} if mode != "vanilla" else {}
         source = AdaPonderForCausalLM(pythia_config("tiny", mode=mode, **{**shape, **m.random_shape}))
     else:
@@ -250,7 +280,7 @@ def _rule_stats(task: str, outputs: torch.Tensor, exit_idx: torch.Tensor, labels
     preds = predictions_from_outputs(outputs, regression)
     metrics = glue_metrics(task, preds.numpy(), list(labels))
     mean_exit = float((exit_idx + 1).float().mean())
-    hist = torch.bincount(exit_idx, minlength=n).tolist()
+    hist = exit_counts(exit_idx + 1, n).tolist()
     return {"metrics": metrics, "mean_exit_pass": mean_exit, "speedup": n / mean_exit, "exit_histogram": hist}
 
 
@@ -414,12 +444,16 @@ class FineTuner:
     :meth:`close`. Stops (signal, ``train.stop_at``, a non-finite loss) are recorded in ``metrics.jsonl`` and
     raise :class:`~adaponder.train.trainer.TrainingStopped` carrying the message and the exit code."""
 
-    def __init__(self, cfg: FinetuneConfig, *, init: str, output: str | Path, data_dir: str | None = None,
-                 resume: str | None = None, log: Callable[[str], None] = print):
+    def __init__(self, cfg: FinetuneConfig, *, init: str, init_revision: str | None = None, output: str | Path,
+                 data_dir: str | None = None, resume: str | None = None, log: Callable[[str], None] = print):
         self.cfg = cfg
-        self.init = init
+        # Inputs are checked before the process group is joined, so a bad model name or data file fails fast.
+        self.init, self.init_revision = init, init_revision
+        self.init_dir = resolve_init(init, init_revision)
+        self.data_dir = glue_tsv_dir(data_dir, cfg.data.hf_dataset)
+        source = dict(glue_dir=self.data_dir, hf_dataset=cfg.data.hf_dataset, revision=cfg.data.hf_revision)
+        self.glue = {split: load_glue_examples(cfg.task, split, **source) for split in ("train", "dev")}
         self.output = Path(output)
-        self.data_dir = data_dir or default_glue_dir()
         self.resume_arg = resume
         self.log = log
         self.stop_signal: int | None = None
@@ -472,8 +506,7 @@ class FineTuner:
         tcfg = cfg.train
         tok = load_glue_tokenizer(cfg.data.tokenizer)
         self.tokenizer = tok
-        train_full = load_glue_split(self.data_dir, spec, "train")
-        dev_full = load_glue_split(self.data_dir, spec, "dev")
+        train_full, dev_full = self.glue["train"], self.glue["dev"]
         train = _subset(train_full, tcfg.max_examples, tcfg.seed)
         dev = _subset(dev_full, cfg.eval.max_examples, 0)
         enc_kw = dict(sep_ids=tok.ids(cfg.data.sep), suffix_ids=tok.ids(cfg.data.suffix),
@@ -499,7 +532,7 @@ class FineTuner:
 
     def _setup_model(self) -> None:
         cfg = self.cfg
-        model = build_classifier(cfg, self.init, self.spec, seed=cfg.train.seed)
+        model = build_classifier(cfg, self.init_dir, self.spec, seed=cfg.train.seed)
         if cfg.deepspeed.activation_checkpointing:
             model.core.gradient_checkpointing_enable()
         method = model.config.palbert_method
@@ -511,7 +544,9 @@ class FineTuner:
 
     def _compat(self) -> dict[str, Any]:
         c, t = self.model.config, self.cfg.train
-        init = self.init if self.init == "tiny-random" else str(Path(self.init).resolve())
+        init = self.init
+        if init != TINY_RANDOM:  # a hub id by name and revision (the snapshot folder may move), a folder by path
+            init = describe(init, self.init_revision) if is_hub_id(init) else str(Path(init).resolve())
         return {"task": self.spec.name, "init": init, "model": {k: getattr(c, k, None) for k in _STRUCTURAL},
                 "world_size": self.world, "batch_size": t.batch_size, "zero_stage": self.cfg.deepspeed.zero_stage,
                 "precision": self.cfg.deepspeed.precision, "seed": t.seed, "max_length": self.cfg.data.max_length,
@@ -900,11 +935,13 @@ class FineTuner:
         c = self.model.config
         return {
             "task": self.spec.name, "main_metric": self.spec.main_metric, "method": c.palbert_method,
-            "num_passes": self.cfg.model.passes, "core_mode": c.mode, "init": self.init, "seed": self.cfg.train.seed,
+            "num_passes": self.cfg.model.passes, "core_mode": c.mode, "init": self.init,
+            "init_revision": self.init_revision, "seed": self.cfg.train.seed,
             "select_rule": self.select_rule, "q": self.cfg.eval.q, "patience": self.cfg.eval.patience,
             "config": self.cfg.to_dict(),
-            "data": {"dir": str(self.data_dir), "train_examples": self.counts["train"],
-                     "dev_examples": self.counts["dev"], "tokenizer": self.tokenizer.name},
+            "data": {"dir": self.data_dir, "hf_dataset": self.cfg.data.hf_dataset,
+                     "train_examples": self.counts["train"], "dev_examples": self.counts["dev"],
+                     "tokenizer": self.tokenizer.name},
             "majority_baseline": self.majority,
             "phases": [], "complete": False,
             "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -946,16 +983,21 @@ class FineTuner:
             self.sink.close()
 
 
-def run_finetune(cfg: FinetuneConfig, *, init: str, data_dir: str | None = None, output: str | Path,
-                 resume: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = None, data_dir: str | None = None,
+                 output: str | Path, resume: str | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """Fine-tune, evaluate every exit rule, time early exit; ``results.json``/``results.md`` in ``output``.
+
+    ``init`` (+ ``init_revision``): see :func:`resolve_init`. GLUE comes from ``cfg.data.hf_dataset`` or the TSV
+    folder ``data_dir`` (:func:`glue_tsv_dir`).
 
     ``resume``: ``None`` (fresh; refuses a checkpoint folder that is not empty), ``"auto"`` (the newest intact
     checkpoint, or fresh when there is none) or a checkpoint path. Returns the results on rank 0 (``None``
     on other ranks); a stop raises :class:`~adaponder.train.trainer.TrainingStopped` with its exit code.
     """
     threads = torch.get_num_threads()
-    tuner = FineTuner(cfg, init=init, data_dir=data_dir, output=output, resume=resume, log=log)
+    tuner = FineTuner(cfg, init=init, init_revision=init_revision, data_dir=data_dir, output=output, resume=resume,
+                      log=log)
     try:
         tuner.setup()
         tuner.fit()

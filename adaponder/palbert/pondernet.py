@@ -14,7 +14,7 @@ The online and offline forms share their per-pass arithmetic and give identical 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,13 @@ from torch import Tensor, nn
 
 __all__ = [
     "ExitRule",
+    "EXIT_RULES",
+    "LambdaMethod",
+    "Method",
+    "METHODS",
+    "rules_for_method",
     "KLDirection",
+    "KL_DIRECTIONS",
     "LambdaLayer",
     "exit_distribution",
     "log_exit_distribution",
@@ -41,8 +47,22 @@ __all__ = [
     "ExitController",
 ]
 
-ExitRule = Literal["q", "sample", "pabee", "last", "expectation"]
+ExitRule = Literal["q", "sample", "expectation", "last", "pabee"]
+#: Every exit rule (B9 and the comparison rules), in reporting order.
+EXIT_RULES: tuple[str, ...] = get_args(ExitRule)
+#: Methods with a Lambda layer (B3): ``palbert`` on [c_i ; c_{i−1}], ``pondernet`` a Linear on c_i.
+LambdaMethod = Literal["palbert", "pondernet"]
+#: The trained methods: PABEE has no Lambda layer (one head per pass).
+Method = Literal[LambdaMethod, "pabee"]
+METHODS: tuple[str, ...] = get_args(Method)
 KLDirection = Literal["prior_to_p", "p_to_prior"]
+KL_DIRECTIONS: tuple[str, ...] = get_args(KLDirection)
+
+
+def rules_for_method(method: str) -> tuple[str, ...]:
+    """Exit rules that apply to a trained ``method``: λ-based rules need a Lambda layer; PABEE's patience
+    rule and always-last need only per-pass predictions (a PALBERT model applies PABEE to its shared head)."""
+    return ("pabee", "last") if method == "pabee" else EXIT_RULES
 
 
 # --------------------------------------------------------------------------------------- B3: lambda layer
@@ -69,11 +89,11 @@ class LambdaLayer(nn.Module):
     optimizer param group.
     """
 
-    def __init__(self, d: int, dropout: float = 0.1, mode: Literal["palbert", "pondernet"] = "palbert", *,
+    def __init__(self, d: int, dropout: float = 0.1, mode: LambdaMethod = "palbert", *,
                  num_layers: int = 3, init_bias: float | None = None) -> None:
         super().__init__()
-        if mode not in ("palbert", "pondernet"):
-            raise ValueError(f"mode must be 'palbert' or 'pondernet', got {mode!r}")
+        if mode not in get_args(LambdaMethod):
+            raise ValueError(f"mode must be one of {', '.join(get_args(LambdaMethod))}; got {mode!r}")
         if d < 1 or num_layers < 0:
             raise ValueError(f"need d >= 1 and num_layers >= 0, got d={d}, num_layers={num_layers}")
         self.d = d
@@ -202,7 +222,7 @@ def kl_regulariser(p: Tensor, prior: Tensor, direction: KLDirection = "prior_to_
         # p · (log p − log p_G): with p = 0 this is 0 and its gradient stays finite (unlike xlogy(p, p)).
         kl = p * (log_p - torch.log(prior))
     else:
-        raise ValueError(f"direction must be 'prior_to_p' or 'p_to_prior', got {direction!r}")
+        raise ValueError(f"direction must be one of {', '.join(KL_DIRECTIONS)}; got {direction!r}")
     return kl.sum(dim=1).mean()
 
 
@@ -468,8 +488,8 @@ class ExitController:
                  patience: int | None = None, regression_threshold: float | None = None,
                  regression: bool = False, generator: torch.Generator | None = None,
                  device: torch.device | str | None = None) -> None:
-        if rule not in ("q", "sample", "pabee", "last", "expectation"):
-            raise ValueError(f"rule must be one of 'q', 'sample', 'pabee', 'last', 'expectation', got {rule!r}")
+        if rule not in EXIT_RULES:
+            raise ValueError(f"rule must be one of {', '.join(EXIT_RULES)}; got {rule!r}")
         if num_passes < 1 or batch_size < 0:
             raise ValueError(f"need num_passes >= 1 and batch_size >= 0, got {num_passes}, {batch_size}")
         self.rule = rule

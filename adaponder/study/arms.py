@@ -117,7 +117,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     from adaponder.evaluation.dial import sweep_tau
     from adaponder.evaluation.halting import nll_by_exit_pass
     from adaponder.evaluation.perplexity import load_documents, score_documents, summarize
-    from adaponder.evaluation.pruning import make_policy
+    from adaponder.evaluation.pruning import FIXED_RULES, make_policy
     from adaponder.evaluation.settings import load_for_eval
 
     t0 = time.perf_counter()
@@ -136,7 +136,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         out["nll_by_exit_pass"] = _clean(nll_by_exit_pass(scores))
         mean_exit = out["heldout"]["mean_exit"]
         pruning = {}
-        for rule in ("uniform", "geometric"):
+        for rule in FIXED_RULES:
             if 1.0 < mean_exit < K:
                 runs = [summarize(score_documents(model, docs, halting_policy=make_policy(rule, K, mean_exit, seed=s),
                                                   **score_kw), docs, model) for s in cfg.eval.pruning_seeds]
