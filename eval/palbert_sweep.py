@@ -32,11 +32,10 @@ import statistics
 import sys
 from pathlib import Path
 
-for _key, _val in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                   ("WANDB_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")):
-    os.environ.setdefault(_key, _val)
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from adaponder.palbert.pondernet import METHODS  # noqa: E402
 
 # The recipe (on top of configs/glue/<task>.yaml); --set overrides any of it.
 COMMON = [
@@ -140,15 +139,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "runs" / "palbert_sweep"))
     ap.add_argument("--tasks", nargs="+", default=["sst2", "rte"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--methods", nargs="+", default=["palbert"], choices=["palbert", "pondernet", "pabee"],
+    ap.add_argument("--methods", nargs="+", default=["palbert"], choices=METHODS,
                     help="PALBERT and/or its baselines (PonderNet: Lambda on c_i only; PABEE: a head per pass)")
     ap.add_argument("--init", default="tiny-random")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--reuse", action="store_true", help="skip runs whose results.json is complete")
     args = ap.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as finetune_glue: nothing tokenises in parallel
 
-    sys.path.insert(0, str(REPO))
     from adaponder.palbert.config import load_finetune_config
     from adaponder.palbert.finetune import run_finetune
     from adaponder.train.trainer import TrainingStopped

@@ -56,7 +56,7 @@ def test_config_errors_list_every_problem(tmp_path):
         load_finetune_config(bad, ["eval.rules=[q, greedy]"])
     msg = str(err.value)
     for needle in ("task:", "model.method:", "model.pasess: unknown key", "train.lr: must be a number",
-                   "train.batch_size: must be >= 1", "loss.kl_direction:", "extra: unknown key", "greedy",
+                   "train.batch_size: must be >= 1", "loss.kl_direction:", "extra: unknown section", "greedy",
                    str(bad)):
         assert needle in msg, (needle, msg)
     assert len(err.value.problems) == 8
@@ -77,9 +77,53 @@ def test_deepspeed_section_is_typed_and_names_bad_keys():
     msg = str(err.value)
     for needle in ("deepspeed.stage: unknown key (known: zero_stage, precision,",
                    "deepspeed.zero_optimization: unknown key", "raw DeepSpeed settings go under deepspeed.overrides",
-                   "deepspeed.zero_stage: must be 0, 1, 2 or 3", "deepspeed.precision: must be 'fp32' | 'bf16' | 'fp16'",
-                   "deepspeed.offload_param: needs zero_stage 3", "checkpoint.keep: must be >= 1"):
+                   "deepspeed.zero_stage: must be <= 3, got 4", "deepspeed.precision: must be 'fp32' | 'bf16' | 'fp16'",
+                   "checkpoint.keep: must be >= 1"):
         assert needle in msg, (needle, msg)
+    # offload_param is checked against zero_stage only when zero_stage itself is valid
+    assert not any(p.startswith("deepspeed.offload_param") for p in err.value.problems)
+    with pytest.raises(FinetuneConfigError) as err:
+        load_finetune_config(rte, ["deepspeed.offload_param=cpu", "deepspeed.offload_optimizer=nvme"])
+    assert err.value.problems == ["deepspeed.offload_optimizer: needs zero_stage >= 1",
+                                  "deepspeed.offload_param: needs zero_stage 3",
+                                  "deepspeed.nvme_path: required for nvme offload"]
+
+
+def test_config_reports_every_bad_key_at_once_with_its_path():
+    """Each key's limits live in its annotation: one error lists every broken limit, in file order, by key path."""
+    rte = REPO / "configs/glue/rte.yaml"
+    with pytest.raises(FinetuneConfigError) as err:
+        load_finetune_config(rte, ["model.passes=0", "model.classifier_dropout=1", "loss.lambda_p=1",
+                                   "data.max_length=3", "train.lr=0", "train.stop_at=0", "eval.q=1.5",
+                                   "timing.batch_sizes=[1, 0]", "checkpoint.every=-1",
+                                   "model.attn_implementation=fast"])
+    assert err.value.problems == [
+        "model.passes: must be >= 1, got 0",
+        "model.classifier_dropout: must be < 1, got 1",
+        "model.attn_implementation: must be 'sdpa' | 'eager' | 'flash_attention_2', got 'fast'",
+        "loss.lambda_p: must be < 1, got 1",
+        "data.max_length: must be >= 4, got 3",
+        "train.lr: must be > 0, got 0",
+        "train.stop_at: must be >= 1, got 0",
+        "eval.q: must be <= 1, got 1.5",
+        "timing.batch_sizes: must be >= 1, got 0",
+        "checkpoint.every: must be >= 0, got -1",
+    ]
+    with pytest.raises(FinetuneConfigError) as err:
+        load_finetune_config(rte, ["timing.batch_sizes=[]", "train.early_stopping_patience=true"])
+    assert err.value.problems == ["train.early_stopping_patience: must be an integer, got True",
+                                  "timing.batch_sizes: must hold at least 1 item(s), got []"]
+
+
+def test_config_reads_yaml_number_strings(tmp_path):
+    """YAML 1.1 reads 1e-5 and 1e3 as strings; number keys accept them (integral floats for integer keys)."""
+    cfg_file = tmp_path / "rte.yaml"
+    cfg_file.write_text("task: rte\ntrain: {lr: 1e-5, lambda_lr: 1e-4, max_steps: 1e3, epochs: 2}\n")
+    t = load_finetune_config(cfg_file).train
+    assert (t.lr, t.lambda_lr, t.max_steps, t.epochs) == (1e-5, 1e-4, 1000, 2.0)
+    assert type(t.max_steps) is int and type(t.epochs) is float
+    with pytest.raises(FinetuneConfigError, match=r"train\.max_steps: must be an integer, got '1\.5e3x'"):
+        load_finetune_config(cfg_file, ["train.max_steps=1.5e3x"])
 
 
 def test_config_choices_are_the_shared_definitions():
@@ -100,7 +144,7 @@ def test_config_choices_are_the_shared_definitions():
     with pytest.raises(FinetuneConfigError) as err:  # PABEE models have no Lambda layer: no λ-based selection
         load_finetune_config(rte, ["model.method=pabee", "train.select_rule=q", "model.core_mode=pause"])
     assert "train.select_rule: must be null or one of pabee, last for method 'pabee'" in str(err.value)
-    assert "model.core_mode: must be null or one of vanilla, ponderlm, loop, adaponder" in str(err.value)
+    assert "model.core_mode: must be 'vanilla' | 'ponderlm' | 'loop' | 'adaponder' or null" in str(err.value)
 
 
 def test_cli_reports_config_errors(tmp_path, capsys):
@@ -109,7 +153,7 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     rc = main(["--config", str(REPO / "configs/glue/rte.yaml"), "--init", "tiny-random",
                "--set", "train.lr=-1", "--set", "model.passes=0", "--output", str(tmp_path)])
     err = capsys.readouterr().err
-    assert rc == 2 and "train.lr: must be > 0" in err and "model.passes: (N) must be >= 1" in err
+    assert rc == 2 and "train.lr: must be > 0" in err and "model.passes: must be >= 1, got 0" in err
     rc = main(["--config", str(REPO / "configs/glue/rte.yaml"), "--init", str(tmp_path / "nowhere")])
     assert rc == 2 and "no such checkpoint folder" in capsys.readouterr().err
 

@@ -6,7 +6,9 @@ offload, ``overrides``) with fine-tuning defaults (no ZeRO, fp32); ``checkpoint`
 the same checkpoint manager and metrics sink as pretraining. :func:`load_finetune_config`
 applies ``--set section.key=value`` overrides (values parsed as YAML), then validates everything at once:
 unknown keys, wrong types and inconsistent values are all listed in one :class:`FinetuneConfigError`
-naming the file. Defaults follow B8 (Adam, constant LR, batch 32, max length 128, early stopping on the
+naming the file. Each key's type and limits are in its section's annotations (validated by pydantic through
+:mod:`adaponder.typed_config`, which also reads YAML 1.1's number strings such as ``1e-5``); checks across keys
+are :func:`_cross_problems`. Defaults follow B8 (Adam, constant LR, batch 32, max length 128, early stopping on the
 dev metric) and B6/B7 (λ_p = 0.1, β = 0.5, KL(p_G ‖ p)).
 """
 
@@ -16,14 +18,21 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import Field
 
 from adaponder import typed_config
-from adaponder.core_modes import CORE_MODE_CHOICES
+from adaponder.core_modes import ATTN_IMPLEMENTATIONS, CORE_MODE_CHOICES
 from adaponder.palbert.glue import GLUE_TASKS
 from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
-from adaponder.palbert.pondernet import EXIT_RULES, KL_DIRECTIONS, METHODS, rules_for_method
+from adaponder.palbert.pondernet import EXIT_RULES, ExitRule, KLDirection, Method, rules_for_method
 from adaponder.train.config import DeepSpeedConfig
+from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
+                                    UnitFloat)
+
+#: A dropout probability.
+Dropout = Annotated[Float, Field(ge=0, lt=1)]
 
 __all__ = [
     "FinetuneConfigError",
@@ -37,6 +46,7 @@ __all__ = [
     "LoggingSection",
     "DeepSpeedSection",
     "FinetuneConfig",
+    "SECTIONS",
     "load_finetune_config",
     "parse_overrides",
 ]
@@ -54,15 +64,16 @@ class ModelSection:
     ``vanilla``; ``adaponder`` → ``ponderlm``); ``tiny-random`` inits default to ``ponderlm``.
     ``random_shape`` overrides the ``tiny`` preset's shape for ``--init tiny-random``."""
 
-    method: str = "palbert"
-    passes: int = 4
-    core_mode: str | None = None
+    method: Method = "palbert"
+    #: N, the exit points.
+    passes: Count = 4
+    core_mode: Literal[CORE_MODE_CHOICES] | None = None
     pooler: bool = False
-    classifier_dropout: float = 0.1
-    lambda_layers: int = 3
-    lambda_dropout: float = 0.1
-    lambda_init_bias: float | None = None
-    attn_implementation: str = "sdpa"
+    classifier_dropout: Dropout = 0.1
+    lambda_layers: NonNegativeInt = 3
+    lambda_dropout: Dropout = 0.1
+    lambda_init_bias: Float | None = None
+    attn_implementation: Literal[ATTN_IMPLEMENTATIONS] = "sdpa"
     random_shape: dict = field(default_factory=dict)
 
 
@@ -70,9 +81,9 @@ class ModelSection:
 class LossSection:
     """B6/B7: ``L = L_rec + β·KL``, geometric prior with λ_p; ``kl_direction`` ``prior_to_p`` = KL(p_G ‖ p)."""
 
-    beta: float = 0.5
-    lambda_p: float = 0.1
-    kl_direction: str = "prior_to_p"
+    beta: NonNegativeFloat = 0.5
+    lambda_p: Annotated[Float, Field(gt=0, lt=1)] = 0.1
+    kl_direction: KLDirection = "prior_to_p"
 
 
 @dataclass
@@ -83,7 +94,7 @@ class DataSection:
     ``nyu-mll/glue`` at ``hf_revision``, or a ``save_to_disk`` folder; :mod:`adaponder.data.glue_datasets`)
     instead of the TSV folder (``--data-dir`` / ``$ADAPONDER_GLUE_DIR``); the examples are the same."""
 
-    max_length: int = 128
+    max_length: Annotated[Int, Field(ge=4)] = 128
     sep: str = "<|endoftext|>"
     suffix: str = "<|endoftext|>"
     tokenizer: str | None = None
@@ -103,22 +114,23 @@ class TrainSection:
     with other jobs 1 is often faster than 2 (no OpenMP thread waits on a descheduled sibling). The device
     is DeepSpeed's accelerator (a GPU when there is one; ``DS_ACCELERATOR=cpu`` forces the CPU)."""
 
-    seed: int = 0
-    lr: float = 2e-5
-    lambda_lr: float = 1e-4
-    weight_decay: float = 0.0
-    batch_size: int = 32
-    epochs: float = 3.0
-    max_steps: int = 0
-    eval_every: int = 0
-    early_stopping_patience: int = 3
-    select_rule: str | None = None
-    grad_clip: float = 1.0
-    max_examples: int = 0
-    log_every: int = 50
+    seed: NonNegativeInt = 0
+    lr: PositiveFloat = 2e-5
+    lambda_lr: PositiveFloat = 1e-4
+    weight_decay: NonNegativeFloat = 0.0
+    batch_size: Count = 32
+    epochs: PositiveFloat = 3.0
+    max_steps: NonNegativeInt = 0
+    eval_every: NonNegativeInt = 0
+    early_stopping_patience: Count = 3
+    select_rule: ExitRule | None = None
+    #: 0 = no clipping.
+    grad_clip: NonNegativeFloat = 1.0
+    max_examples: NonNegativeInt = 0
+    log_every: NonNegativeInt = 50
     save_model: bool = False
-    stop_at: int | None = None
-    threads: int = 0
+    stop_at: Count | None = None
+    threads: NonNegativeInt = 0
 
 
 @dataclass
@@ -126,12 +138,12 @@ class EvalSection:
     """Dev evaluation of every exit rule. ``q``: B9's threshold; ``patience``: PABEE's t; ``sample_draws``:
     the sampling rule's metric is averaged over this many seeded draws. ``max_examples: 0`` = whole dev."""
 
-    q: float = 0.5
-    patience: int = 2
-    sample_draws: int = 5
-    batch_size: int = 64
-    max_examples: int = 0
-    rules: list = field(default_factory=lambda: list(EXIT_RULES))
+    q: UnitFloat = 0.5
+    patience: Count = 2
+    sample_draws: Count = 5
+    batch_size: Count = 64
+    max_examples: NonNegativeInt = 0
+    rules: list[ExitRule] = field(default_factory=lambda: list(EXIT_RULES))
 
 
 @dataclass
@@ -140,11 +152,12 @@ class TimingSection:
     over the first ``max_examples`` dev examples; the minimum over ``repeats`` interleaved runs."""
 
     enabled: bool = True
-    batch_sizes: list = field(default_factory=lambda: [1, 32])
-    max_examples: int = 256
-    repeats: int = 3
-    rules: list = field(default_factory=lambda: list(EXIT_RULES))
-    threads: int = 0
+    batch_sizes: Annotated[list[Count], Field(min_length=1)] = field(default_factory=lambda: [1, 32])
+    max_examples: Count = 256
+    repeats: Count = 3
+    rules: list[ExitRule] = field(default_factory=lambda: list(EXIT_RULES))
+    #: 0 = leave torch's setting.
+    threads: NonNegativeInt = 0
 
 
 @dataclass
@@ -155,8 +168,8 @@ class CheckpointSection:
     evaluation). ``dir: null`` = ``<output>/checkpoints``."""
 
     dir: str | None = None
-    every: int = 0
-    keep: int = 2
+    every: NonNegativeInt = 0
+    keep: Count = 2
 
 
 @dataclass
@@ -176,7 +189,7 @@ class LoggingSection:
 class DeepSpeedSection(DeepSpeedConfig):
     """:class:`adaponder.train.config.DeepSpeedConfig` with fine-tuning defaults: ZeRO off, fp32."""
 
-    zero_stage: int = 0
+    zero_stage: Annotated[Int, Field(ge=0, le=3)] = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
 
 
@@ -206,84 +219,44 @@ class FinetuneConfig:
         return self.train.select_rule or ("pabee" if self.model.method == "pabee" else "q")
 
 
-_SECTIONS = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
-# The dataclass-typed fields (model, loss, ..., deepspeed); task/init are plain values.
-_SECTION_TYPES = {name: tp for name, tp in typing.get_type_hints(FinetuneConfig).items()
-                  if dataclasses.is_dataclass(tp)}
+# The dataclass-typed fields (model, loss, ..., deepspeed); the other fields (task, init, init_revision) are
+# top-level values.
+_HINTS = typing.get_type_hints(FinetuneConfig)
+SECTIONS: dict[str, type] = {name: tp for name, tp in _HINTS.items() if dataclasses.is_dataclass(tp)}
+_VALUES = tuple(name for name in _HINTS if name not in SECTIONS)
 
 
 # ------------------------------------------------------------------------------------------- validation
 
 
-def _semantic_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
-    """Value checks for fields whose type was right (``bad`` holds the dotted keys already reported)."""
+def _cross_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
+    """Checks beyond one key's type and limits: the task's data, and keys that constrain each other. A check
+    is skipped when a key it reads was already reported (``bad``: dotted keys and whole sections)."""
     problems: list[str] = []
 
-    def check(key: str, ok: bool, message: str):
-        if key not in bad and key.split(".")[0] not in bad and not ok:
-            problems.append(f"{key}: {message}")
+    def check(keys: tuple[str, ...], ok: bool, message: str):
+        if not ok and not any(k in bad or k.split(".")[0] in bad for k in keys):
+            problems.append(f"{keys[0]}: {message}")
 
-    m, lo, d, t, e, tm = cfg.model, cfg.loss, cfg.data, cfg.train, cfg.eval, cfg.timing
     if "task" not in bad:
         try:
             name = canonical_task(cfg.task)
-            check("task", name in GLUE_TASKS,
+            check(("task",), name in GLUE_TASKS,
                   f"has no GLUE data here: {cfg.task!r} (available: {', '.join(GLUE_TASKS)})")
         except ValueError:
             problems.append(f"task: must be a GLUE task ({', '.join(METRIC_NAMES)}); got {cfg.task!r}")
-    check("model.method", m.method in METHODS, f"must be one of {', '.join(METHODS)}; got {m.method!r}")
-    check("model.passes", m.passes >= 1, f"(N) must be >= 1, got {m.passes}")
-    check("model.core_mode", m.core_mode is None or m.core_mode in CORE_MODE_CHOICES,
-          f"must be null or one of {', '.join(CORE_MODE_CHOICES)}; got {m.core_mode!r}")
-    check("model.classifier_dropout", 0 <= m.classifier_dropout < 1, f"must lie in [0, 1), got {m.classifier_dropout}")
-    check("model.lambda_dropout", 0 <= m.lambda_dropout < 1, f"must lie in [0, 1), got {m.lambda_dropout}")
-    check("model.lambda_layers", m.lambda_layers >= 0, f"must be >= 0, got {m.lambda_layers}")
-    check("model.attn_implementation", m.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
-          f"must be sdpa, eager or flash_attention_2; got {m.attn_implementation!r}")
-    check("loss.beta", lo.beta >= 0, f"(β) must be >= 0, got {lo.beta}")
-    check("loss.lambda_p", 0 < lo.lambda_p < 1, f"(λ_p) must lie in (0, 1), got {lo.lambda_p}")
-    check("loss.kl_direction", lo.kl_direction in KL_DIRECTIONS,
-          f"must be prior_to_p (KL(p_G‖p)) or p_to_prior (KL(p‖p_G)); got {lo.kl_direction!r}")
-    check("data.max_length", d.max_length >= 4, f"must be >= 4, got {d.max_length}")
-    check("data.hf_revision", d.hf_revision is None or bool(d.hf_dataset), "applies to data.hf_dataset, which is null")
-    check("train.lr", t.lr > 0, f"must be > 0, got {t.lr}")
-    check("train.lambda_lr", t.lambda_lr > 0, f"must be > 0, got {t.lambda_lr}")
-    check("train.weight_decay", t.weight_decay >= 0, f"must be >= 0, got {t.weight_decay}")
-    check("train.batch_size", t.batch_size >= 1, f"must be >= 1, got {t.batch_size}")
-    check("train.epochs", t.epochs > 0, f"must be > 0, got {t.epochs}")
-    for key in ("max_steps", "eval_every", "max_examples", "log_every"):
-        check(f"train.{key}", getattr(t, key) >= 0, f"must be >= 0, got {getattr(t, key)}")
-    check("train.early_stopping_patience", t.early_stopping_patience >= 1,
-          f"must be >= 1, got {t.early_stopping_patience}")
-    check("train.stop_at", t.stop_at is None or t.stop_at >= 1, f"must be null or >= 1, got {t.stop_at}")
-    check("train.threads", t.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {t.threads}")
-    check("train.grad_clip", t.grad_clip >= 0, f"must be >= 0 (0 = off), got {t.grad_clip}")
-    allowed = rules_for_method(m.method)
-    check("train.select_rule", t.select_rule is None or t.select_rule in allowed,
-          f"must be null or one of {', '.join(allowed)} for method {m.method!r}; got {t.select_rule!r}")
-    check("eval.q", 0 <= e.q <= 1, f"must lie in [0, 1], got {e.q}")
-    check("eval.patience", e.patience >= 1, f"(PABEE t) must be >= 1, got {e.patience}")
-    check("eval.sample_draws", e.sample_draws >= 1, f"must be >= 1, got {e.sample_draws}")
-    check("eval.batch_size", e.batch_size >= 1, f"must be >= 1, got {e.batch_size}")
-    check("eval.max_examples", e.max_examples >= 0, f"must be >= 0, got {e.max_examples}")
-    for sec, rules in (("eval", e.rules), ("timing", tm.rules)):
-        unknown = [r for r in rules if r not in EXIT_RULES]
-        check(f"{sec}.rules", not unknown, f"has unknown exit rules {unknown}; known: {', '.join(EXIT_RULES)}")
-    check("timing.batch_sizes", bool(tm.batch_sizes) and all(isinstance(b, int) and not isinstance(b, bool)
-                                                             and b >= 1 for b in tm.batch_sizes),
-          f"must be a non-empty list of integers >= 1, got {tm.batch_sizes!r}")
-    check("timing.max_examples", tm.max_examples >= 1, f"must be >= 1, got {tm.max_examples}")
-    check("timing.repeats", tm.repeats >= 1, f"must be >= 1, got {tm.repeats}")
-    check("timing.threads", tm.threads >= 0, f"must be >= 0 (0 = leave torch's setting), got {tm.threads}")
-    c, ds = cfg.checkpoint, cfg.deepspeed
-    check("checkpoint.every", c.every >= 0, f"must be >= 0 (0 = only at evaluations and stops), got {c.every}")
-    check("checkpoint.keep", c.keep >= 1, f"must be >= 1, got {c.keep}")
-    check("deepspeed.zero_stage", ds.zero_stage in (0, 1, 2, 3), f"must be 0, 1, 2 or 3, got {ds.zero_stage}")
-    check("deepspeed.offload_optimizer", ds.offload_optimizer == "none" or ds.zero_stage >= 1,
-          "needs zero_stage >= 1")
-    check("deepspeed.offload_param", ds.offload_param == "none" or ds.zero_stage == 3, "needs zero_stage 3")
-    check("deepspeed.nvme_path", "nvme" not in (ds.offload_optimizer, ds.offload_param) or bool(ds.nvme_path),
-          "required for nvme offload")
+    d, t, ds = cfg.data, cfg.train, cfg.deepspeed
+    check(("data.hf_revision", "data.hf_dataset"), d.hf_revision is None or bool(d.hf_dataset),
+          "applies to data.hf_dataset, which is null")
+    allowed = rules_for_method(cfg.model.method)
+    check(("train.select_rule", "model.method"), t.select_rule is None or t.select_rule in allowed,
+          f"must be null or one of {', '.join(allowed)} for method {cfg.model.method!r}; got {t.select_rule!r}")
+    check(("deepspeed.offload_optimizer", "deepspeed.zero_stage"),
+          ds.offload_optimizer == "none" or ds.zero_stage >= 1, "needs zero_stage >= 1")
+    check(("deepspeed.offload_param", "deepspeed.zero_stage"), ds.offload_param == "none" or ds.zero_stage == 3,
+          "needs zero_stage 3")
+    check(("deepspeed.nvme_path", "deepspeed.offload_optimizer", "deepspeed.offload_param"),
+          "nvme" not in (ds.offload_optimizer, ds.offload_param) or bool(ds.nvme_path), "required for nvme offload")
     return problems
 
 
@@ -293,28 +266,22 @@ def build_finetune_config(values: Mapping[str, Any], source: str | None = None) 
     bad: set[str] = set()
     if not isinstance(values, Mapping):
         raise FinetuneConfigError([f"the top level must be a mapping, got {type(values).__name__}"], source)
-    for key in values:
-        if key not in _SECTIONS:
-            problems.append(f"{key}: unknown key (known: {', '.join(_SECTIONS)})")
-    kwargs: dict[str, Any] = {name: typed_config.build_section(cls, values.get(name), name, problems, bad)
-                              for name, cls in _SECTION_TYPES.items()}
+    kwargs: dict[str, Any] = typed_config.validate_sections(values, SECTIONS, problems, bad, others=_VALUES)
     raw_ds = values.get("deepspeed")
     if isinstance(raw_ds, Mapping) and any(k in raw_ds for k in ("zero_optimization", "bf16", "fp16")):
         problems.append("deepspeed: takes typed keys (zero_stage, precision, offload_optimizer, ...); raw DeepSpeed "
                         "settings go under deepspeed.overrides (deep-merged into the generated DeepSpeed config)")
-    hints = typing.get_type_hints(FinetuneConfig)
-    for key in (k for k in _SECTIONS if k not in _SECTION_TYPES):
-        if key in values:
-            try:
-                kwargs[key] = typed_config.coerce(values[key], hints[key])
-            except ValueError as err:
-                problems.append(f"{key}: {err}")
-                bad.add(key)
+    for key in (k for k in _VALUES if k in values):
+        try:
+            kwargs[key] = typed_config.coerce(values[key], _HINTS[key])
+        except ValueError as err:
+            problems.append(f"{key}: {err}")
+            bad.add(key)
     if "task" not in values:
         problems.append(f"task: required ({', '.join(GLUE_TASKS)})")
         bad.add("task")
     cfg = FinetuneConfig(**kwargs)
-    problems += _semantic_problems(cfg, bad)
+    problems += _cross_problems(cfg, bad)
     if problems:
         raise FinetuneConfigError(problems, source)
     return cfg

@@ -21,6 +21,19 @@ from .arms import arm_id  # noqa: E402
 from .config import StudyConfig  # noqa: E402
 
 _MARKERS = {"vanilla": "o", "ponderlm": "s", "loop": "D", "pause": "P", "adaponder": "*"}
+#: The Pareto plot's hollow marker of each fixed-pruning control (a rule of FIXED_RULES).
+_PRUNING_MARKERS = {"uniform": "^", "geometric": "v"}
+
+
+def _pruning_markers() -> list[tuple[str, str]]:
+    """``(rule, marker)`` for every fixed-pruning rule; a rule without a marker is an error, not a silent gap."""
+    from adaponder.evaluation.pruning import FIXED_RULES  # loads torch: only when a report is drawn
+
+    missing = [rule for rule in FIXED_RULES if rule not in _PRUNING_MARKERS]
+    if missing:
+        raise LookupError(f"no Pareto-plot marker for fixed-pruning rule(s) {', '.join(missing)} "
+                          "(add them to _PRUNING_MARKERS)")
+    return [(rule, _PRUNING_MARKERS[rule]) for rule in FIXED_RULES]
 
 
 def _gated(res: Mapping) -> bool:
@@ -151,7 +164,7 @@ def pareto_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
                     ax.plot([_mflops(d) for d in dial], [d["ppl"] for d in dial], "-", color=_color(i), alpha=0.6,
                             lw=1.2, marker=".", zorder=2, label=f"{arm_id(arm, r['seed'])} τ dial "
                             f"({dial[0]['tau']:g} … {dial[-1]['tau']:g})")
-                for rule, mk in (("uniform", "^"), ("geometric", "v")):
+                for rule, mk in _pruning_markers():
                     fp = (r.get("fixed_pruning") or {}).get(rule)
                     if fp:
                         ax.scatter(_mflops(fp), fp["ppl"], marker=mk, s=110, facecolors="none",
