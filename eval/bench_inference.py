@@ -1,19 +1,24 @@
-"""Inference benchmark: KV reuse turns the gates' FLOP saving into wall-clock (issue 5, A15–A17).
+"""Inference benchmark: does halting pay in wall-clock at every batch size? (issues 5 and 16; A15–A17)
 
-At Pythia-70M shape (random weights, fp32, CPU by default), with the gates calibrated so that 0%, 25% and
-50% of token-passes are skipped, it measures side by side in one run:
+At a Pythia shape (random weights; CPU by default), with the gates calibrated so that 0 %, 25 % and 50 % of
+token-passes are skipped, it measures side by side in one run, for every batch size and dtype:
 
-  (a) ``cache+reuse``  — the AdaPonder cache: halted tokens reuse their exit-pass K/V, later passes compute
-                         only active tokens (A15, A16);
-  (b) ``halting off``  — the same weights with every gate open (all K passes, same cached code path);
-  (c) ``no-cache``     — recompute the whole sequence K times for every new token, as PonderLM's public
-                         code does (decode only; its prefill equals (b) without writing a cache).
+  (a) ``cache+reuse``  — the AdaPonder cache: halted tokens reuse their exit-pass K/V, later passes compute only
+                         still-active tokens (compaction, A15, A16);
+  (b) ``halting off``  — the same weights with every gate open (all K passes, the same cached code path);
+  (c) ``no-cache``     — batch 1 only: recompute the whole sequence K times for every new token, as PonderLM's
+                         public code does.
 
-and prints prefill and decode tokens/s, the FLOP saving of (a) over (b) from the realised exit passes
-(``model.flops_per_token``) and the wall-clock saving, with their ratio.
+For each row it prints prefill and decode tokens/s of (a) and (b), the FLOP saving of (a) over (b) from the
+realised exit passes (``model.flops_per_token``) next to the wall-clock saving and their ratio, decode as a
+fraction of the memory-bandwidth limit (bytes a decode step reads — the weights of every pass some token runs,
+the K/V each active token attends to — over a GEMV's measured bandwidth), and the host synchronisations one
+decode step makes (``.item()``/``bool()``/``nonzero``/boolean-mask indexing: the points where a GPU's queue
+would drain).
 
-    python eval/bench_inference.py                       # full run, ~3 min on 2 cores
-    python eval/bench_inference.py --context 128 --quick # smoke run
+    python eval/bench_inference.py                                  # the table of docs/benchmarks.md
+    python eval/bench_inference.py --batches 1,8,32 --threads 4 --dtypes fp32
+    python eval/bench_inference.py --context 64 --batches 1,2 --new-tokens 2 --repeats 1 --dtypes fp32  # smoke
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config  # noqa: E402
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+
+# -- gate calibration -----------------------------------------------------------------------------------------
 def per_gate_share(saving: float, passes: int) -> float:
     """The share h of still-active tokens each gate halts so that mean D = K·(1 − saving)."""
     if saving <= 0:
@@ -49,13 +58,13 @@ def per_gate_share(saving: float, passes: int) -> float:
 
 
 @torch.no_grad()
-def calibrate(model: AdaPonderForCausalLM, ids: torch.Tensor, saving: float) -> None:
-    """Gate biases chosen so that the token-pass saving on ``ids`` is ``saving`` (quantiles of the gate
-    logits, gate by gate, since halting compounds)."""
+def calibrate(model: AdaPonderForCausalLM, ids: torch.Tensor, saving: float) -> list[torch.Tensor]:
+    """Gate biases such that the token-pass saving on ``ids`` is ``saving`` (quantiles of the gate logits, gate
+    by gate, since halting compounds). Returns the biases."""
     tau = model.config.halting_threshold
     target = math.log(tau / (1 - tau))
     share = per_gate_share(saving, model.config.passes)
-    for i, gate in enumerate(model.gates):
+    for gate in model.gates:
         if share == 0:
             gate.fc_out.bias.fill_(50.0)
             continue
@@ -65,42 +74,149 @@ def calibrate(model: AdaPonderForCausalLM, ids: torch.Tensor, saving: float) -> 
         hook.remove()
         pre = seen[0] - gate.fc_out.bias
         gate.fc_out.bias.fill_(float(target - torch.quantile(pre.float().cpu(), share)))
+    return [g.fc_out.bias.detach().clone() for g in model.gates]
 
 
-def _sync():
-    if torch.cuda.is_available():
+def set_gates(model, biases: list[torch.Tensor] | None) -> None:
+    """Restore calibrated biases, or (None) open every gate: halting off."""
+    for i, g in enumerate(model.gates):
+        g.fc_out.bias.data.copy_(biases[i]) if biases is not None else g.fc_out.bias.data.fill_(50.0)
+
+
+# -- measuring --------------------------------------------------------------------------------------------------
+def _sync(device):
+    if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        _sync()
+class HostSyncCounter(TorchDispatchMode):
+    """Counts the ops that make the host wait for the device's values: scalar reads (``.item()``, ``bool()``,
+    ``int()``), ``.tolist()``/``.numpy()``, device-to-host copies, ops with a data-dependent output shape, and
+    indexing with a boolean mask (nonzero inside). Works on the CPU too, where none of them waits."""
+
+    SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_consecutive", "unique_dim",
+               "repeat_interleave", "masked_scatter"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self._saved = {}
+
+    def __enter__(self):
+        for name in ("tolist", "numpy"):  # no dispatch on the CPU: count them at the Python level
+            original = self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counting(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def _counting(self, original):
+        def wrapper(t, *args, **kwargs):
+            self.count += 1
+            return original(t, *args, **kwargs)
+        return wrapper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.SYNCING and not (name == "repeat_interleave" and kwargs and kwargs.get("output_size")):
+            self.count += 1
+        elif name in ("index", "index_put", "index_put_") and any(
+                isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (args[1] or [])):
+            self.count += 1
+        elif name in ("_to_copy", "copy_") and self._to_host(name, args, kwargs or {}):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+    @staticmethod
+    def _to_host(name, args, kwargs) -> bool:
+        """A device-to-host copy (``.cpu()``, ``.tolist()`` goes through ``_to_copy``)."""
+        if name == "_to_copy":
+            dst = kwargs.get("device")
+            return dst is not None and torch.device(dst).type == "cpu" and args[0].device.type != "cpu"
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+
+
+def gemv_bandwidth(dtype, device, mib: int = 256) -> float:
+    """Bytes/s a matrix-vector product streams from memory: the best of five GEMVs over ``mib`` MiB of weights
+    (larger than the caches)."""
+    n = int(math.sqrt(mib * 2**20 / torch.finfo(dtype).bits * 8))
+    w = torch.randn(n, n, device=device).to(dtype)
+    x = torch.randn(n, device=device).to(dtype)
+    torch.mv(w, x)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
         t0 = time.perf_counter()
-        fn()
-        _sync()
+        torch.mv(w, x)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return w.numel() * w.element_size() / best
+
+
+def decode_bytes(model, exits: torch.Tensor, context: int) -> float:
+    """Bytes read by the decode steps whose exit passes are ``exits`` [B, steps]: per step, the layer weights of
+    every pass some row runs, the gates and the pondering product (W_out, W_E) wherever a row goes on, the head
+    once, and each active row's K/V over the context."""
+    cfg = model.config
+    item = next(model.parameters()).element_size()
+    counts = model.parameter_counts()
+    layers = counts["non_embedding"] * item
+    head = cfg.vocab_size * cfg.hidden_size * item
+    gate = (counts["gates"] / max(len(model.gates), 1)) * item
+    kv_row = cfg.num_hidden_layers * 2 * cfg.hidden_size * item
+    total = 0.0
+    for step in range(exits.shape[1]):
+        d = exits[:, step]
+        total += head  # the exit logits, once per step
+        for i in range(1, cfg.num_passes + 1):
+            rows = int((d >= i).sum())
+            if rows == 0:
+                break
+            total += layers + rows * kv_row * (context + step + 1)
+            if i < cfg.num_passes and cfg.gated:
+                total += gate
+            if i < cfg.num_passes and int((d > i).sum()):
+                total += 2 * head  # z = W_out h and softmax(z)·W_E (A4)
+    return total
+
+
+def timed(fn, repeats: int, device) -> tuple[float, object]:
+    """Median seconds of ``repeats`` calls and the last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 @torch.no_grad()
-def decode_cached(model, prompt, new_tokens):
-    """Greedy decoding with the PonderCache; returns (seconds for the decode steps only, exit passes)."""
-    out = model(prompt[:, :8], use_cache=True)  # warm-up of the decode path
-    for _ in range(2):
-        out = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
-    out = model(prompt, use_cache=True)
+def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
+    """Prefill ``prompt`` [B, T] (timed) and greedily decode ``new_tokens`` steps (timed) with the PonderCache."""
+    device = prompt.device
+    warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
+    model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
+    t_pre, out = timed(lambda: model(prompt, use_cache=True), repeats, device)
     cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
+    exit_pre = out.exit_pass
+    with HostSyncCounter() as counter:  # one untimed step, counted
+        step = model(nxt, cache=cache, use_cache=True)
+    cache, nxt = step.cache, step.logits[:, -1:].argmax(-1)
     exits = []
-    _sync()
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(new_tokens):
-        out = model(nxt, cache=cache, use_cache=True)
-        cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
-        exits.append(out.exit_pass)
-    _sync()
-    return time.perf_counter() - t0, torch.cat(exits, 1)
+        step = model(nxt, cache=cache, use_cache=True)
+        cache, nxt = step.cache, step.logits[:, -1:].argmax(-1)
+        exits.append(step.exit_pass)
+    _sync(device)
+    return {"prefill_s": t_pre, "decode_s": time.perf_counter() - t0, "exit_prefill": exit_pre,
+            "exit_decode": torch.cat(exits, 1), "syncs_per_step": counter.count}
 
 
 @torch.no_grad()
@@ -111,100 +227,119 @@ def decode_recompute(model, prompt, new_tokens):
     for _ in range(new_tokens):
         nxt = model(seq, use_cache=False).logits[:, -1:].argmax(-1)
         seq = torch.cat([seq, nxt], 1)
-    return time.perf_counter() - t0
+    return (time.perf_counter() - t0) / new_tokens
+
+
+def _saving(a: float, b: float) -> float:
+    return 1 - a / b
 
 
 @torch.no_grad()
+def bench_dtype(args, dtype_name: str) -> list[dict]:
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(pythia_config(args.size, mode="adaponder")).to(device, DTYPES[dtype_name]).eval()
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    calib = torch.randint(2, vocab, (4, args.context), generator=gen).to(device)
+    prompts = {b: torch.randint(2, vocab, (b, args.context), generator=gen).to(device) for b in args.batches}
+    bandwidth = gemv_bandwidth(DTYPES[dtype_name], device)
+    savings = [float(s) for s in args.savings.split(",")]
+    biases = {s: calibrate(model, calib, s) for s in savings}
+    f_off = model.flops_per_token(None, context=args.context)["total"]
+    rows = []
+    for batch in args.batches:
+        set_gates(model, None)
+        off = run_variant(model, prompts[batch], args.new_tokens, args.repeats)
+        rec = None
+        if batch == 1 and args.recompute_tokens:
+            rec = decode_recompute(model, prompts[1], args.recompute_tokens)
+        for s in savings:
+            set_gates(model, biases[s])
+            on = run_variant(model, prompts[batch], args.new_tokens, args.repeats)
+            n_pre, n_dec = batch * args.context, batch * args.new_tokens
+            f_pre = model.flops_per_token(on["exit_prefill"], context=args.context)["total"]
+            f_dec = model.flops_per_token(on["exit_decode"], context=args.context)["total"]
+            bytes_on = decode_bytes(model, on["exit_decode"], args.context)
+            bytes_off = decode_bytes(model, off["exit_decode"], args.context)
+            limit, limit_off = n_dec * bandwidth / bytes_on, n_dec * bandwidth / bytes_off
+            row = {
+                "dtype": dtype_name, "batch": batch, "target_saving": s,
+                "prefill_mean_D": on["exit_prefill"].float().mean().item(),
+                "decode_mean_D": on["exit_decode"].float().mean().item(),
+                "prefill_tok_s": {"cache+reuse": n_pre / on["prefill_s"], "halting off": n_pre / off["prefill_s"]},
+                "decode_tok_s": {"cache+reuse": n_dec / on["decode_s"], "halting off": n_dec / off["decode_s"]},
+                "prefill_flop_saving": 1 - f_pre / f_off, "prefill_wall_saving": _saving(on["prefill_s"], off["prefill_s"]),
+                "decode_flop_saving": 1 - f_dec / f_off, "decode_wall_saving": _saving(on["decode_s"], off["decode_s"]),
+                "decode_bytes_saving": 1 - bytes_on / bytes_off,
+                "decode_bandwidth_fraction": {"cache+reuse": (n_dec / on["decode_s"]) / limit,
+                                              "halting off": (n_dec / off["decode_s"]) / limit_off},
+                "gemv_bandwidth_GBs": bandwidth / 1e9,
+                "syncs_per_decode_step": {"cache+reuse": on["syncs_per_step"], "halting off": off["syncs_per_step"]},
+            }
+            if rec is not None:
+                row["decode_tok_s"]["no-cache recompute"] = 1 / rec
+                row["cached_vs_recompute"] = row["decode_tok_s"]["cache+reuse"] / (1 / rec)
+            rows.append(row)
+            print_row(row)
+    return rows
+
+
+def _ratio(wall: float, flop: float) -> float:
+    return wall / flop if flop > 1e-3 else float("nan")
+
+
+HEADER = (f"{'dtype':>5} {'batch':>5} {'skip':>5} {'D pre':>5} {'D dec':>5} | {'prefill tok/s a':>15} {'b':>8} | "
+          f"{'decode tok/s a':>14} {'b':>8} | {'pre FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | {'dec FLOP↓':>9} "
+          f"{'wall↓':>6} {'ratio':>5} {'bytes↓':>6} | {'BW% a':>5} {'b':>5} | {'sync a':>6} {'b':>3} | {'a/c':>5}")
+
+
+def print_row(r: dict) -> None:
+    bw, sy = r["decode_bandwidth_fraction"], r["syncs_per_decode_step"]
+    ac = r.get("cached_vs_recompute")
+    print(f"{r['dtype']:>5} {r['batch']:>5} {r['target_saving']:>5.0%} {r['prefill_mean_D']:>5.2f} "
+          f"{r['decode_mean_D']:>5.2f} | {r['prefill_tok_s']['cache+reuse']:>15.1f} "
+          f"{r['prefill_tok_s']['halting off']:>8.1f} | {r['decode_tok_s']['cache+reuse']:>14.1f} "
+          f"{r['decode_tok_s']['halting off']:>8.1f} | {r['prefill_flop_saving']:>9.1%} "
+          f"{r['prefill_wall_saving']:>6.1%} {_ratio(r['prefill_wall_saving'], r['prefill_flop_saving']):>5.2f} | "
+          f"{r['decode_flop_saving']:>9.1%} {r['decode_wall_saving']:>6.1%} "
+          f"{_ratio(r['decode_wall_saving'], r['decode_flop_saving']):>5.2f} {r['decode_bytes_saving']:>6.1%} | "
+          f"{bw['cache+reuse']:>5.0%} "
+          f"{bw['halting off']:>5.0%} | {sy['cache+reuse']:>6} {sy['halting off']:>3} | "
+          + (f"{ac:>4.0f}x" if ac else f"{'':>5}"), flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="70m")
+    ap.add_argument("--size", default="70m", help="Pythia shape (70m, 160m, ..., tiny)")
     ap.add_argument("--context", type=int, default=512, help="prompt length (decoding context)")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--recompute-tokens", type=int, default=3, help="tokens timed for the no-cache reference")
-    ap.add_argument("--savings", default="0,0.25,0.5")
-    ap.add_argument("--batch", type=int, default=1, help="decode batch size")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke test)")
+    ap.add_argument("--batches", default="1,8,32", help="batch sizes, comma-separated")
+    ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)  # older spelling: one batch size
+    ap.add_argument("--new-tokens", type=int, default=16, help="decode steps timed per variant")
+    ap.add_argument("--recompute-tokens", type=int, default=1, help="tokens timed for the no-cache reference (0: skip)")
+    ap.add_argument("--savings", default="0,0.25,0.5", help="skipped token-pass shares the gates are calibrated to")
+    ap.add_argument("--repeats", type=int, default=1, help="timed prefills per variant (median)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--dtypes", "--dtype", default="fp32,bf16", help="fp32 and/or bf16")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.quick:
-        args.new_tokens, args.recompute_tokens, args.repeats = 8, 1, 1
-    torch.manual_seed(0)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model = AdaPonderForCausalLM(pythia_config(args.size, mode="adaponder")).to(args.device, dtype).eval()
-    K = model.config.passes
-    gen = torch.Generator().manual_seed(0)
-    calib = torch.randint(2, model.config.vocab_size, (4, args.context), generator=gen).to(args.device)
-    prompt = torch.randint(2, model.config.vocab_size, (args.batch, args.context), generator=gen).to(args.device)
-    prefill_ids = prompt[:1]
-    print(f"AdaPonder inference benchmark: Pythia-{args.size} shape, K={K}, {args.dtype} on {args.device}, "
-          f"{torch.get_num_threads()} threads, "
-          f"context {args.context}, decode batch {args.batch}, {args.new_tokens} new tokens")
-
-    off_state = None
+    args.batches = [args.batch] if args.batch else [int(b) for b in args.batches.split(",")]
+    print(f"AdaPonder inference: Pythia-{args.size} shape, random weights, on {args.device}, "
+          f"{torch.get_num_threads()} threads, context {args.context}, {args.new_tokens} decode steps, "
+          f"batches {args.batches}")
+    print(HEADER)
+    print("-" * len(HEADER))
     rows = []
-    for saving in [float(s) for s in args.savings.split(",")]:
-        calibrate(model, calib, saving)
-        # (a) cache + reuse
-        t_pre_a = timed(lambda: model(prefill_ids, use_cache=True), args.repeats)
-        exit_pre = model(prefill_ids, use_cache=True).exit_pass
-        t_dec_a, exit_dec = decode_cached(model, prompt, args.new_tokens)
-        # (b) the same weights, halting off
-        gates = [g.fc_out.bias.clone() for g in model.gates]
-        for g in model.gates:
-            g.fc_out.bias.data.fill_(50.0)
-        if off_state is None:
-            t_pre_b = timed(lambda: model(prefill_ids, use_cache=True), args.repeats)
-            t_dec_b, _ = decode_cached(model, prompt, args.new_tokens)
-            t_rec = decode_recompute(model, prompt[:1], args.recompute_tokens) / args.recompute_tokens
-            off_state = (t_pre_b, t_dec_b, t_rec)
-        t_pre_b, t_dec_b, t_rec = off_state
-        for g, b in zip(model.gates, gates):
-            g.fc_out.bias.data.copy_(b)
-
-        f_pre_a = model.flops_per_token(exit_pre, context=args.context)["total"]
-        f_pre_b = model.flops_per_token(None, context=args.context)["total"]
-        f_dec_a = model.flops_per_token(exit_dec, context=args.context)["total"]
-        n_pre, n_dec = args.context, args.new_tokens * args.batch
-        row = {
-            "target_saving": saving,
-            "prefill_mean_D": exit_pre.float().mean().item(),
-            "decode_mean_D": exit_dec.float().mean().item(),
-            "prefill_tok_s": {"cache+reuse": n_pre / t_pre_a, "halting off": n_pre / t_pre_b},
-            "decode_tok_s": {"cache+reuse": n_dec / t_dec_a, "halting off": n_dec / t_dec_b,
-                             "no-cache recompute": 1 / t_rec},
-            "prefill_flop_saving": 1 - f_pre_a / f_pre_b,
-            "prefill_wall_saving": 1 - t_pre_a / t_pre_b,
-            "decode_flop_saving": 1 - f_dec_a / f_pre_b,
-            "decode_wall_saving": 1 - t_dec_a / t_dec_b,
-            "cached_vs_recompute": (n_dec / t_dec_a) / (args.batch / t_rec) if args.batch == 1 else None,
-        }
-        rows.append(row)
-
-    print()
-    hdr = (f"{'saving':>7} {'D pre':>6} {'D dec':>6} | {'prefill tok/s a':>15} {'b':>8} | {'decode tok/s a':>14} "
-           f"{'b':>8} {'c':>8} | {'a/c':>6} | {'pre FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | "
-           f"{'dec FLOP↓':>9} {'wall↓':>6} {'ratio':>5}")
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rows:
-        pr = r["prefill_wall_saving"] / r["prefill_flop_saving"] if r["prefill_flop_saving"] > 1e-3 else float("nan")
-        dr = r["decode_wall_saving"] / r["decode_flop_saving"] if r["decode_flop_saving"] > 1e-3 else float("nan")
-        ac = r["cached_vs_recompute"]
-        print(f"{r['target_saving']:>7.2f} {r['prefill_mean_D']:>6.2f} {r['decode_mean_D']:>6.2f} | "
-              f"{r['prefill_tok_s']['cache+reuse']:>15.1f} {r['prefill_tok_s']['halting off']:>8.1f} | "
-              f"{r['decode_tok_s']['cache+reuse']:>14.1f} {r['decode_tok_s']['halting off']:>8.1f} "
-              f"{r['decode_tok_s']['no-cache recompute']:>8.2f} | {(ac or float('nan')):>5.0f}x | "
-              f"{r['prefill_flop_saving']:>9.1%} {r['prefill_wall_saving']:>6.1%} {pr:>5.2f} | "
-              f"{r['decode_flop_saving']:>9.1%} {r['decode_wall_saving']:>6.1%} {dr:>5.2f}")
-    print("\n(a) cache with KV reuse, (b) same model with halting off, (c) no-cache recompute (PonderLM-style);"
-          "\nratio = wall-clock saving / FLOP saving (target ≥ 0.8); a/c = cached decode speed-up over (c)"
-          " (target ≥ 20x at 512 context).")
+    for dtype_name in args.dtypes.split(","):
+        rows += bench_dtype(args, dtype_name)
+    print("\n(a) cache with KV reuse and compaction, (b) the same model with halting off, (c) no-cache recompute "
+          "(PonderLM-style, batch 1);\nratio = wall-clock saving / FLOP saving (target ≥ 0.8); bytes↓ = saving in bytes "
+          "a decode step reads\n(weights of every pass any row runs + K/V of active rows); BW% = decode tokens/s as a share "
+          "of the memory-bandwidth limit\n(bytes read per decode step / measured GEMV bandwidth); sync = "
+          "host synchronisations per decode step; a/c = cached decode over (c) (target ≥ 20× at 512 context).")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows

@@ -109,12 +109,17 @@ def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) ->
 
     ``gate_mask`` selects G (gates of active, non-padding tokens). Returns 0 (with a graph) when G is
     empty or k = 0, so the trainer can always add ``λ·ponder_loss``.
+
+    |G| stays on the device: gates outside G sort last (+inf) and a prefix mask keeps the n smallest, so the
+    training step does not wait for the device to learn n (a boolean-mask gather or ``topk(n)`` would).
     """
-    pool = gate_values[gate_mask]
-    n = math.ceil(k * pool.numel()) if k > 0 else 0
-    if n == 0:
+    if k <= 0:
         return gate_values.sum() * 0.0
-    return torch.topk(pool, n, largest=False, sorted=False).values.mean()
+    flat, mask = gate_values.reshape(-1), gate_mask.reshape(-1)
+    ordered = torch.where(mask, flat, torch.full_like(flat, math.inf)).sort().values
+    n = torch.ceil(mask.sum().double() * k)  # ⌈k·|G|⌉, in double precision as the host would compute it
+    keep = torch.arange(flat.numel(), device=flat.device) < n
+    return torch.where(keep, ordered, torch.zeros_like(ordered)).sum() / n.clamp(min=1).to(flat.dtype)
 
 
 class TokenIdError(ValueError):
@@ -396,15 +401,13 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         n_valid = valid.sum().clamp(min=1)
         grad = torch.is_grad_enabled()
 
+        subset = None  # the tokens pass i computes when compacting (A16); None: all of them
         for i in range(1, K + 1):
             active_fraction.append((active & valid).sum() / n_valid)
-            subset = None
-            if i > 1 and compact_ok and not bool(active.all()):
-                subset = TokenSubset.from_mask(active)
-                if subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
-                    for j in range(i, K + 1):
-                        aligner.carry_forward(j)
-                    break
+            if subset is not None and subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
+                for j in range(i, K + 1):
+                    aligner.carry_forward(j)
+                break
             h_flat, state_flat = self.run_pass(E, ctx, i, aligner, active if i > 1 else None, subset)
             # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
             # keeping a B×T×V logits tensor per pass.
@@ -435,9 +438,14 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                     next_active = active & halting_policy(i, active, s.detach(), valid).bool()
             else:
                 next_active = active
-            E = self._ponder_update(E, h_flat, s, next_active, subset, grad)  # A4, A7
+            # Without gradients, the tokens that go on — pondered now, computed by the next pass — are found
+            # once, with the pass's only host synchronisation (none while no gate can halt a token).
+            going_on = None if grad or next_active is active else TokenSubset.from_mask(next_active)
+            E = self._ponder_update(E, h_flat, s, next_active, subset, going_on, grad)  # A4, A7
             exit_pass = exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
             active = next_active
+            compact = compact_ok and going_on is not None and going_on.num_tokens < batch * length
+            subset = going_on if compact else None
 
         while len(active_fraction) < K:
             active_fraction.append(active_fraction[-1] * 0)
@@ -591,31 +599,38 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         out = self.gpt_neox.final_layer_norm(hidden)
         if subset is None:
             return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
-        return out[subset.valid], hidden[subset.valid]
+        return subset.unpack(out), subset.unpack(hidden)
 
-    def _ponder_update(self, E, h_flat, s, next_active, subset, grad):
+    def _ponder_update(self, E, h_flat, s, next_active, subset, going_on, grad):
         """``E^i = E^{i-1} + m^{i+1}·s^i·e^i`` (A7) with ``e^i = softmax(W_out h^i)·Ẽ`` (A4).
 
-        Training computes e for every token (masked). Without gradients only tokens that go on to
-        the next pass need it, so only those are computed (A15–A17: D−1 pondering products).
+        Training computes e for every token (masked). Without gradients only the tokens that go on to the
+        next pass need it — ``going_on``, a :class:`TokenSubset` of ``next_active``; None when no gate can
+        halt, i.e. all of them — so only those are computed (A15–A17: D−1 pondering products). ``h_flat``
+        holds the rows of ``subset``'s tokens (all tokens when it is None).
         """
         batch, length = E.shape[:2]
         if grad:
             e = self._unflatten(self.ponder_from_hidden(h_flat), subset, batch, length)
             step = 1.0 if s is None else (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
             return E + step * e
-        if subset is None:
-            rows = next_active.reshape(-1).nonzero().squeeze(1)
-            b_idx, t_idx = rows // length, rows % length
-        else:
-            keep = next_active[subset.b_idx, subset.t_idx]
-            rows = keep.nonzero().squeeze(1)
-            b_idx, t_idx = subset.b_idx[keep], subset.t_idx[keep]
-        if rows.numel() == 0:
+        if going_on is None:
+            return E + self.ponder_from_hidden(h_flat).reshape(batch, length, -1)
+        n = going_on.num_tokens
+        if n == 0:
             return E
-        e = self.ponder_from_hidden(h_flat.index_select(0, rows))
+        if n == h_flat.shape[0]:  # every computed token goes on: h_flat's rows, in order
+            rows = None
+        elif subset is None:
+            rows = going_on.b_idx * length + going_on.t_idx
+        else:  # positions, among the computed tokens, of those that go on (size known: no host sync)
+            rows = torch.nonzero_static(next_active[subset.b_idx, subset.t_idx], size=n).squeeze(1)
+        b_idx, t_idx = going_on.b_idx, going_on.t_idx
+        e = self.ponder_from_hidden(h_flat if rows is None else h_flat.index_select(0, rows))
         if s is not None:
             e = e * s[b_idx, t_idx].to(e.dtype)[:, None]
+        if n == batch * length:  # all of them (row-major order): no gather/scatter of E
+            return E + e.reshape(batch, length, -1)
         return E.index_put((b_idx, t_idx), E[b_idx, t_idx] + e)
 
     def ponder_from_hidden(self, h_flat: torch.Tensor) -> torch.Tensor:
