@@ -154,18 +154,106 @@ class LauncherWorker:
                 self.proc.kill()
 
 
-def deepspeed_launch(config: str | Path, ranks: int, port: int, *args: str, timeout: float = 300,
-                     cwd: str | Path | None = None):
-    """``deepspeed --num_gpus N --master_port P launch/pretrain.py --config FILE ARGS`` on the CPU (gloo)."""
+def free_port() -> int:
+    """A TCP port free right now (for ``--master_port``; fixed ports collide between concurrent test runs)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _deepspeed_cmd(config: str | Path, ranks: int, port: int, *args: str, script: Path | None = None) -> list[str]:
     import shutil
-    import subprocess
     import sys
 
     exe = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or "deepspeed"
-    cmd = [exe, "--num_gpus", str(ranks), "--master_port", str(port), str(REPO / "launch" / "pretrain.py"),
-           "--config", str(config), *args]
-    proc = subprocess.run(cmd, cwd=str(cwd or REPO), env=cpu_env(), capture_output=True, text=True, timeout=timeout)
+    return [exe, "--num_gpus", str(ranks), "--master_port", str(port), str(script or REPO / "launch" / "pretrain.py"),
+            "--config", str(config), *args]
+
+
+def deepspeed_launch(config: str | Path, ranks: int, port: int, *args: str, timeout: float = 300,
+                     cwd: str | Path | None = None):
+    """``deepspeed --num_gpus N --master_port P launch/pretrain.py --config FILE ARGS`` on the CPU (gloo)."""
+    import subprocess
+
+    proc = subprocess.run(_deepspeed_cmd(config, ranks, port, *args), cwd=str(cwd or REPO), env=cpu_env(),
+                          capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+# launch/pretrain.py as a rank runs it (``sys.exit(main())`` in the rank process itself), recording the exit code.
+_RECORDING_RANK = r"""
+import os, sys
+sys.path.insert(0, {launch!r})
+from pretrain import main
+code = main()
+with open(os.path.join({folder!r}, "exit-rank" + os.environ["RANK"]), "w") as fh:
+    fh.write(str(code))
+sys.exit(code)
+"""
+
+_SIGNALLER = r"""
+import ctypes, json, os, signal, subprocess, sys, time
+import psutil
+spec = json.loads(sys.argv[1])
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("prctl(PR_SET_CHILD_SUBREAPER) failed")
+log = open(spec["log"], "w")
+runner = subprocess.Popen(spec["cmd"], cwd=spec["cwd"], env=spec["env"], stdout=log, stderr=subprocess.STDOUT)
+deadline = time.time() + spec["timeout"]
+def ready():
+    try:
+        return len(open(spec["wait_for"]).read().splitlines()) >= spec["lines"]
+    except OSError:
+        return False
+while not ready() and runner.poll() is None and time.time() < deadline:
+    time.sleep(0.2)
+tree = {p.pid: p.cmdline() for p in psutil.Process(runner.pid).children(recursive=True)}
+tree[runner.pid] = spec["cmd"]  # (the ranks are reaped by deepspeed's launch.py, orphans by this process)
+target = runner.pid if spec["target"] == "runner" else next(
+    pid for pid, cmd in tree.items() if spec["target"] in " ".join(cmd))
+if runner.returncode is None:
+    os.kill(target, getattr(signal, spec["signal"]))
+codes = {}
+while time.time() < deadline:  # reap the whole tree: the orphans are ours now
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        time.sleep(0.2)
+        continue
+    codes[pid] = os.waitstatus_to_exitcode(status)
+print(json.dumps({"signalled": target, "runner": runner.pid,
+                  "procs": [{"pid": pid, "cmd": cmd, "code": codes.get(pid)} for pid, cmd in tree.items()]}))
+"""
+
+
+def signal_deepspeed_launch(config: str | Path, ranks: int, port: int, *args: str, wait_for: Path, lines: int,
+                            target: str = "runner", sig: str = "SIGTERM", timeout: float = 300) -> dict[str, Any]:
+    """Start ``deepspeed`` as in :func:`deepspeed_launch`, wait until ``wait_for`` has ``lines`` lines, send ``sig``
+    to ``target`` (``"runner"``, or a text of the command line of a process of the launch tree), and wait for the
+    whole tree to exit. Every orphan is reaped by a child subreaper (Linux), so the exit code of a launcher left
+    behind is known too; each rank records what it exits with. Returns ``{"runner": pid, "signalled": pid,
+    "procs": [{"pid", "cmd", "code"}], "rank_codes": {rank: code}, "log": text}`` (``code``: the exit code, minus
+    the signal that killed it, or None when not reaped here: a rank, whose parent is launch.py)."""
+    import json
+    import subprocess
+    import sys
+
+    folder = Path(wait_for).parent.parent
+    log = folder / f"{Path(wait_for).parent.name}.launch.log"
+    script = folder / "recording_rank.py"
+    script.write_text(_RECORDING_RANK.format(launch=str(REPO / "launch"), folder=str(folder)))
+    spec = {"cmd": _deepspeed_cmd(config, ranks, port, *args, script=script), "cwd": str(REPO), "env": cpu_env(),
+            "log": str(log), "wait_for": str(wait_for), "lines": lines, "target": target, "signal": sig,
+            "timeout": timeout}
+    proc = subprocess.run([sys.executable, "-c", _SIGNALLER, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=timeout + 60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = {int(f.name.removeprefix("exit-rank")): int(f.read_text()) for f in folder.glob("exit-rank*")}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "rank_codes": codes, "log": log.read_text()}
 
 
 def read_metrics(out_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
@@ -184,4 +272,5 @@ def write_config(path: str | Path, cfg: dict[str, Any]) -> Path:
 
 
 __all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB", "REPO", "cpu_env",
-           "LauncherWorker", "deepspeed_launch", "read_metrics", "write_config"]
+           "LauncherWorker", "deepspeed_launch", "free_port", "signal_deepspeed_launch", "read_metrics",
+           "write_config"]

@@ -46,6 +46,8 @@ def zero_runs(data, tmp_path_factory):
         extra = {"checkpoint": {"every": 4, "export_hf": stage == 3}}
         if stage == 2:  # a non-finite loss on rank 1 only: both ranks must skip the step
             extra["debug"] = {"nonfinite_steps": [5], "nonfinite_rank": 1}
+        if stage == 3:  # 3 validation micro-batches on 2 ranks: rank 1 runs a discarded one (ZeRO-3 gathers)
+            extra["eval"] = {"max_batches": 3}
         cfg = _cfg(tmp, f"z{stage}", data, stage, **extra)
         code, out = deepspeed_launch(cfg, 2, PORTS[f"z{stage}"])
         assert code == 0, out[-5000:]
@@ -82,9 +84,9 @@ def test_zero_stages_train_on_two_ranks_with_disjoint_data(zero_runs, data, stag
 
         model = AutoModelForCausalLM.from_pretrained(out / "hf", trust_remote_code=True)
         engine_eval = read_metrics(out, "eval")[-1]
-        # 2 ranks x 4 batches x 2 samples (rank r reads samples r, r+2, ...) = the first 16 samples
-        mine = evaluate_model(model, iter_eval_batches(data["data"], 32, 4, max_batches=4))
-        assert mine["val_tokens"] == engine_eval["val_tokens"] == 16 * 32
+        # eval.max_batches counts all ranks' micro-batches: 3 x 2 samples = the first 6 samples
+        mine = evaluate_model(model, iter_eval_batches(data["data"], 32, 2, max_batches=3))
+        assert mine["val_tokens"] == engine_eval["val_tokens"] == 6 * 32
         assert mine["val_loss"] == pytest.approx(engine_eval["val_loss"], abs=1e-5)
 
 

@@ -17,26 +17,30 @@ Exit codes: 0 exported; 2 damaged or unsafe checkpoint, or an output folder that
 
 import argparse
 import sys
-from pathlib import Path
+
+from adaponder.cli.errors import add_debug_help, cli_main, debug_requested, report
 
 
+@cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint folder (uses its 'latest') or one stepNNNNNNNN folder")
     p.add_argument("output", help="Hugging Face output folder")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    add_debug_help(p)
     args = p.parse_args(argv)
 
-    from adaponder.train.checkpoint import CheckpointError, resolve_resume
+    from adaponder.train.checkpoint import CheckpointError, resolve_checkpoint
     from adaponder.train.export import export_checkpoint
 
     try:
-        tag_dir = resolve_resume(args.checkpoint, Path(args.checkpoint))  # checked strictly by export_checkpoint
+        tag_dir = resolve_checkpoint(args.checkpoint)  # checked strictly by export_checkpoint
         out = export_checkpoint(tag_dir, args.output, dtype=args.dtype, overwrite=args.overwrite)
     except (CheckpointError, RuntimeError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        if debug_requested():
+            raise
+        return report(err)
     print(f"exported {tag_dir} -> {out}")
     return 0
 

@@ -7,16 +7,20 @@ is a label exactly once per epoch and nothing is padded; windows cross document 
 marks them). ``num_samples = (n_tokens - 1) // seq_len``; the few tokens after the last full window are unused.
 Windows are fixed; epochs differ only in their order.
 
-Sharding across data-parallel ranks: each epoch ``e`` the ``num_samples`` window indices are permuted with a
-generator seeded by ``(seed, e)``; the tail of the permutation is dropped so every rank gets the same number
-of samples (at most ``world_size - 1`` samples per epoch are skipped, a different few each epoch), and rank
-``r`` takes positions ``r::world_size``. The ranks' parts are disjoint and together cover every kept sample.
+Sharding across data-parallel ranks: the ranks read one *global* sample stream — epoch 0's order, then
+epoch 1's, ... — where epoch ``e`` is a permutation of all ``num_samples`` windows by a generator seeded by
+``(seed, e)`` (nothing is dropped). The stream is cut into micro-batches of ``micro_batch_size`` consecutive
+samples, dealt out in rounds: in each round of ``world_size`` micro-batches rank ``r`` takes the ``r``-th. The
+ranks' parts are disjoint, and an optimizer step of ``grad_accum`` rounds reads the same micro-batches (same
+samples, same grouping) whatever ``world_size`` is, as long as the global batch and ``micro_batch_size`` are
+unchanged: 1 rank × 2 accumulation steps and 2 ranks × 1 read the same two micro-batches.
 
-Batches are consecutive groups of ``micro_batch_size`` samples of this rank's sample stream; with
-``infinite=True`` (training) the stream runs over epoch after epoch and a batch may straddle two epochs, so no
-sample is dropped at epoch ends. The position in that stream is the whole state: ``state_dict()`` after ``N``
-batches, loaded into a fresh loader, continues with exactly batch ``N + 1``. Ranks advance in lockstep, so the
-state is identical on every rank and rank 0's state can be loaded everywhere.
+With ``infinite=True`` (training) the stream runs over epoch after epoch and a micro-batch may straddle two
+epochs. The state is the position in the global stream (epoch, samples of it read by all ranks together):
+identical on every rank and independent of ``world_size`` and ``micro_batch_size``, so ``state_dict()`` after
+``N`` rounds, loaded into a fresh loader of any world size, continues with exactly the next global samples.
+With ``infinite=False`` (evaluation) each ``iter()`` is one pass over the rest of the current epoch: the rounds
+stop at the epoch's end, so the last micro-batches may be short, and some ranks may get one fewer.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import CorpusTooSmallError, StateError, TokenizerMismatchError, VocabRangeError
+from .errors import CorpusTooSmallError, ShardError, StateError, TokenizerMismatchError, VocabRangeError
 from .layout import open_shards, read_meta, split_info
 
-STATE_FORMAT = "adaponder.PackedLoader/v1"
-# Keys that must match for a state to be resumable exactly.
-_STATE_KEYS = ("seed", "seq_len", "world_size", "split", "shuffle", "num_samples", "tokenizer_fingerprint")
+STATE_FORMAT = "adaponder.PackedLoader/v2"
+_STATE_V1 = "adaponder.PackedLoader/v1"  # position per rank, read with the same world_size only
+# Keys that must match for a state to be resumable exactly (world_size and micro_batch_size may change).
+_STATE_KEYS = ("seed", "seq_len", "split", "shuffle", "num_samples", "tokenizer_fingerprint")
 
 
 class PackedLoader:
@@ -104,17 +109,16 @@ class PackedLoader:
                 f"{self.data_dir} split {split!r} has {self.tokens} tokens ({info['documents']} documents), "
                 f"fewer than one sample of seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len or more data"
             )
-        self.samples_per_rank = self.num_samples // world_size
-        if self.samples_per_rank < 1:
+        if self.num_samples < world_size:
             raise CorpusTooSmallError(
                 f"{self.data_dir} split {split!r} has {self.num_samples} samples of {seq_len + 1} tokens, "
                 f"too few to give each of {world_size} ranks one"
             )
-        #: Samples read per epoch by all ranks together (``num_samples`` minus the dropped tail).
-        self.samples_per_epoch = self.samples_per_rank * world_size
+        #: Samples read per epoch by all ranks together (every window; nothing is dropped).
+        self.samples_per_epoch = self.num_samples
         self._epoch = 0
-        self._position = 0  # samples of the current epoch already consumed by this rank
-        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._position = 0  # samples of the current epoch already read by all ranks together
+        self._orders: dict[int, np.ndarray] = {}  # the epoch orders in use (at most two: a batch may straddle)
 
     # -- checks ---------------------------------------------------------------------------------------
     def _check_tokenizer(self, expected: str | Any | None) -> None:
@@ -144,19 +148,18 @@ class PackedLoader:
 
     # -- order and reading ----------------------------------------------------------------------------
     def epoch_indices(self, epoch: int) -> np.ndarray:
-        """This rank's window indices for ``epoch``, in the order they are read."""
-        if self._order_cache is not None and self._order_cache[0] == epoch:
-            return self._order_cache[1]
-        if self.shuffle:
-            # int32 halves the memory of the permutation for corpora under 2^31 windows.
-            dtype = np.int32 if self.num_samples < 2**31 else np.int64
-            order = np.arange(self.num_samples, dtype=dtype)
-            np.random.default_rng([self.seed, epoch]).shuffle(order)
-        else:
-            order = np.arange(self.num_samples, dtype=np.int64)
-        mine = order[: self.samples_per_epoch][self.rank :: self.world_size].copy()
-        self._order_cache = (epoch, mine)
-        return mine
+        """All window indices of ``epoch`` in global stream order (the same on every rank)."""
+        if epoch not in self._orders:
+            if self.shuffle:
+                # int32 halves the memory of the permutation for corpora under 2^31 windows.
+                dtype = np.int32 if self.num_samples < 2**31 else np.int64
+                order = np.arange(self.num_samples, dtype=dtype)
+                np.random.default_rng([self.seed, epoch]).shuffle(order)
+            else:
+                order = np.arange(self.num_samples, dtype=np.int64)
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = order
+        return self._orders[epoch]
 
     def _read(self, start: int, length: int) -> np.ndarray:
         s = bisect.bisect_right(self._bounds, start) - 1
@@ -175,36 +178,64 @@ class PackedLoader:
         """Window ``index`` (``seq_len + 1`` tokens) as a LongTensor."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} out of range [0, {self.num_samples})")
-        return torch.from_numpy(self._read(index * self.seq_len, self.seq_len + 1).astype(np.int64))
+        window = self._read(index * self.seq_len, self.seq_len + 1).astype(np.int64)
+        self._check_ids(window[None], np.array([index]))
+        return torch.from_numpy(window)
 
     def _gather(self, indices: np.ndarray) -> torch.Tensor:
         width = self.seq_len + 1
         out = np.empty((len(indices), width), dtype=np.int64)
         for row, i in enumerate(indices):
             out[row] = self._read(int(i) * self.seq_len, width)
+        self._check_ids(out, indices)
         return torch.from_numpy(out)
 
-    def _take(self, n: int) -> np.ndarray:
-        """Consume up to ``n`` sample indices of this rank's stream, crossing epochs when infinite."""
-        parts, got = [], 0
-        while got < n and self._position < self.samples_per_rank:
-            order = self.epoch_indices(self._epoch)
-            k = min(n - got, self.samples_per_rank - self._position)
-            parts.append(order[self._position : self._position + k])
-            self._position += k
-            got += k
-            if self.infinite and self._position == self.samples_per_rank:
-                self._epoch, self._position = self._epoch + 1, 0
+    def _check_ids(self, batch: np.ndarray, indices: np.ndarray) -> None:
+        """:class:`ShardError` naming the shard file and offset when a served window holds an id above the largest
+        one recorded at preparation: the shard's bytes changed after it was written. Opening checks each shard's
+        size, ``verify_checksums`` its hash; this per-batch maximum catches damaged content that would otherwise
+        reach the model as ids outside its vocabulary (every id up to the recorded maximum fits the model)."""
+        limit = int(self.meta["max_token_id"])
+        if not batch.size or int(batch.max()) <= limit:
+            return
+        row, col = (int(v) for v in np.argwhere(batch > limit)[0])
+        start = int(indices[row]) * self.seq_len + col
+        s = bisect.bisect_right(self._bounds, start) - 1
+        shard = self.data_dir / split_info(self.meta, self.split, self.data_dir)["shards"][s]["file"]
+        offset = start - self._bounds[s]
+        raise ShardError(
+            f"shard {shard} is damaged: token {offset} (byte {offset * self._shards[s].dtype.itemsize}) is "
+            f"{int(batch[row, col])}, above the largest id recorded at preparation ({limit}); its size is right but "
+            "its content changed: re-run adaponder-prepare or restore the shard"
+        )
+
+    def _stream(self, start: int, stop: int) -> np.ndarray:
+        """Global stream samples ``start .. stop-1``, counted from the start of the current epoch."""
+        n, parts = self.num_samples, []
+        while start < stop:
+            epoch, offset = self._epoch + start // n, start % n
+            k = min(stop - start, n - offset)
+            parts.append(self.epoch_indices(epoch)[offset : offset + k])
+            start += k
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        while True:
-            indices = self._take(self.micro_batch_size)
-            if len(indices) == 0 or (self.drop_last and len(indices) < self.micro_batch_size):
-                # Only reachable when finite: the pass is over; the next iter() reads the next epoch.
-                self._epoch, self._position = self._epoch + 1, 0
-                return
+        m, n, w = self.micro_batch_size, self.num_samples, self.world_size
+        while self.infinite:  # one round: this rank's micro-batch; every rank advances the same
+            start = self._position + self.rank * m
+            indices = self._stream(start, start + m)
+            self._epoch, self._position = divmod(self._epoch * n + self._position + w * m, n)
+            self._orders = {e: o for e, o in self._orders.items() if e >= self._epoch}
             yield self._gather(indices)
+        # finite: rounds up to the end of the current epoch, then the next iter() reads the next epoch
+        while self._position < n:
+            start = min(self._position + self.rank * m, n)
+            indices = self._stream(start, min(start + m, n))
+            self._position = min(self._position + w * m, n)
+            if len(indices) == 0 or (self.drop_last and len(indices) < m):
+                break
+            yield self._gather(indices)
+        self._epoch, self._position = self._epoch + 1, 0
 
     def __len__(self) -> int:
         """Batches in one pass (finite loaders only)."""
@@ -214,9 +245,9 @@ class PackedLoader:
 
     @property
     def batches_per_epoch(self) -> int:
-        """Batches per epoch on this rank (a last partial batch counts unless drop_last)."""
-        full, rest = divmod(self.samples_per_rank, self.micro_batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        """This rank's batches in one whole epoch, finite (a last partial batch counts unless drop_last)."""
+        full, rest = divmod(self.num_samples, self.micro_batch_size)
+        return len(range(self.rank, full + (1 if rest and not self.drop_last else 0), self.world_size))
 
     @property
     def epoch(self) -> int:
@@ -225,7 +256,7 @@ class PackedLoader:
 
     @property
     def position(self) -> int:
-        """Samples of the current epoch this rank has already read."""
+        """Samples of the current epoch already read by all ranks together."""
         return self._position
 
     # -- state ----------------------------------------------------------------------------------------
@@ -245,21 +276,27 @@ class PackedLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the exact next sample of ``state``; :class:`StateError` if it belongs to another setup."""
-        if state.get("format") != STATE_FORMAT:
-            raise StateError(f"loader state has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+        """Resume at the exact next sample of ``state`` (written with any world size and micro-batch size);
+        :class:`StateError` if it belongs to another setup."""
+        fmt = state.get("format")
+        if fmt not in (STATE_FORMAT, _STATE_V1):
+            raise StateError(f"loader state has format {fmt!r}, expected {STATE_FORMAT!r}")
         mine = self.state_dict()
-        for key in _STATE_KEYS:
+        keys = _STATE_KEYS + (("world_size",) if fmt == _STATE_V1 else ())
+        for key in keys:
             if state.get(key) != mine[key]:
                 raise StateError(
                     f"loader state does not fit the loader over {self.data_dir}: {key} is {state.get(key)!r} in "
                     f"the state but {mine[key]!r} here; exact resumption needs the same data and settings"
                 )
         epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= self.samples_per_rank:
-            raise StateError(f"loader state position {position} of epoch {epoch} is out of range "
-                             f"(samples per rank: {self.samples_per_rank})")
-        if self.infinite and position == self.samples_per_rank:
+        end = self.num_samples  # the samples of an epoch that are read
+        if fmt == _STATE_V1:  # v1 counted per rank; its ranks read num_samples // world_size each per epoch
+            end = self.num_samples // self.world_size * self.world_size
+            position *= self.world_size
+        if epoch < 0 or not 0 <= position <= end:
+            raise StateError(f"loader state position {position} of epoch {epoch} is out of range (0..{end})")
+        if self.infinite and position == end:
             epoch, position = epoch + 1, 0
         self._epoch, self._position = epoch, position
 
@@ -282,8 +319,9 @@ def iter_eval_batches(
     vocab_size: int | None = None,
     max_batches: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """One deterministic, unshuffled pass over ``split`` (this rank's part), optionally capped at
-    ``max_batches``; the last batch may be smaller than ``micro_batch_size``."""
+    """One deterministic, unshuffled pass over ``split`` (this rank's part: every ``world_size``-th
+    micro-batch), optionally capped at ``max_batches`` of this rank; the last batch may be smaller than
+    ``micro_batch_size``."""
     loader = PackedLoader(
         data_dir,
         split=split,

@@ -11,7 +11,8 @@ Pipeline:
 4. rename the finished temporary folder to ``output_dir``.
 
 Everything is written under ``.<output_dir name>.tmp-*`` next to the output and only renamed into place when
-complete, so an interrupted run never leaves a directory that looks prepared. Outputs depend only on the
+complete, so an interrupted run never leaves a directory that looks prepared; the next run for the same output
+removes the temporary folder a killed run left (its process gone). Outputs depend only on the
 inputs, tokenizer, ``val_fraction`` and ``seed`` — not on ``num_workers``.
 
 Each document is tokenized whole, so the token count equals ``sum(len(tokenizer.encode(doc)))`` plus one
@@ -26,6 +27,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -36,6 +38,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from adaponder.cli.errors import add_debug_help, cli_main, debug_requested, report
 
 from .corpus import bundled_corpus_dir
 from .errors import DataError
@@ -224,6 +228,30 @@ def _check_output_dir(out: Path, overwrite: bool) -> None:
     read_meta(out)  # only ever replace a folder this tool wrote
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (whose ever it is)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists, under another user
+        return True
+    return True
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Remove what killed runs for ``out`` left beside it: ``.NAME.tmp-<pid>-<hex>`` folders whose process is gone
+    (each as large as the token stream) and ``.NAME.old-<hex>`` folders (a replaced output not yet deleted). A
+    temporary folder of a live process (a concurrent run on this machine) is left alone."""
+    for path in out.parent.glob(f".{out.name}.*"):
+        m = re.fullmatch(re.escape(f".{out.name}.") + r"(?:tmp-(\d+)-[0-9a-f]+|old-[0-9a-f]+)", path.name)
+        if not m or not path.is_dir() or (m.group(1) and pid_alive(int(m.group(1)))):
+            continue
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
+        print(f"removed {path} ({size:,} bytes), left by an interrupted adaponder-prepare", file=sys.stderr)
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
         trash = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
@@ -309,6 +337,7 @@ def prepare(
     _check_output_dir(out, overwrite)
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
@@ -462,9 +491,11 @@ def summary(meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``adaponder-prepare`` / ``python -m adaponder.data.prepare``."""
     parser = build_parser()
+    add_debug_help(parser)
     args = parser.parse_args(argv)
     inputs: list = list(args.inputs) + ([str(bundled_corpus_dir())] if args.bundled else [])
     if args.hf_dataset is not None:
@@ -488,9 +519,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             overwrite=args.overwrite,
             train_tokenizer=args.train_tokenizer,
         )
-    except (DataError, ValueError) as exc:
-        print(f"adaponder-prepare: error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # DataError, and prepare()'s checks of its arguments (--val-fraction, ...)
+        if debug_requested():
+            raise
+        return report(exc)
     except KeyboardInterrupt:
         print("adaponder-prepare: interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -24,6 +24,12 @@ is an error. Before DeepSpeed (or ``zero_to_fp32``) unpickles a ``.pt`` file, th
 ``torch.load(weights_only=True)``, allowing only tensors, plain containers and the few DeepSpeed types listed in
 :func:`deepspeed_safe_globals`, so a file carrying a pickle payload is refused instead of executed.
 Checkpoints written before the hashes existed are checked by size only.
+
+Another number of ranks: the trainer state and the data-loader position do not depend on it; under ZeRO 1-3
+the optimizer state is partitioned by rank, so such a checkpoint is converted by DeepSpeed's universal checkpoint
+tool (:func:`to_universal`, after the checks above) into ``.reshard-stepNNNNNNNN`` beside the checkpoints and
+loaded from there with ``checkpoint.load_universal``; the conversion is deleted after the load (or by the next
+save, if the run died meanwhile) and never resumed from on its own.
 """
 
 from __future__ import annotations
@@ -316,6 +322,12 @@ def resolve_resume(resume: str | None, ckpt_dir: Path, notify: Callable[[str], N
     return find_resume(resume, ckpt_dir, notify)[0]
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The tag folder of ``path`` (a checkpoint folder, whose ``latest`` names it, or a tag folder) for tools that
+    read a checkpoint (export); errors name the path, not ``--resume``. Nothing is verified here."""
+    return _resolve_target(str(path), Path(path), what="checkpoint")
+
+
 def find_resume(resume: str | None, ckpt_dir: Path,
                 notify: Callable[[str], None] | None = None) -> tuple[Path | None, bool]:
     """``(tag folder or None, verified)``. ``"auto"`` takes the checkpoint named by ``latest`` if it is intact
@@ -355,17 +367,17 @@ def _print_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _resolve_target(resume: str | None, ckpt_dir: Path) -> Path | None:
+def _resolve_target(resume: str | None, ckpt_dir: Path, what: str = "--resume") -> Path | None:
     if resume is None or resume in ("", "none", "no"):
         return None
-    if resume == "auto":
+    if resume == "auto" and what == "--resume":
         root = ckpt_dir
         if not has_checkpoint(root):
             return None
     else:
         root = Path(resume)
         if not root.exists():
-            raise CheckpointError(f"--resume {resume}: no such checkpoint folder")
+            raise CheckpointError(f"{what} {resume}: no such checkpoint folder")
         if (root / STATE_FILE).is_file() or (root / "mp_rank_00_model_states.pt").is_file():
             return root
     latest = read_latest(root)
@@ -405,7 +417,7 @@ def validate(tag_dir: Path, compat: dict[str, Any], check_files: bool = True) ->
     state = read_state(tag_dir)
     problems = file_problems(tag_dir, state) if check_files else []
     saved = state.get("compat", {})
-    for key in sorted(set(saved) | set(compat)):
+    for key in sorted(k for k in compat if k in saved):  # (keys a checkpoint lacks were not recorded then)
         a, b = saved.get(key), compat.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             for sub in sorted(set(a) | set(b)):
@@ -436,7 +448,7 @@ class CheckpointManager:
         tmp = self.dir / tmp_tag
         if self.rank == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in [*self.dir.glob(".tmp-step*"), *self.dir.glob(".old-step*")]:
+            for stale in [*self.dir.glob(".tmp-step*"), *self.dir.glob(".old-step*"), *self.dir.glob(RESHARD_GLOB)]:
                 shutil.rmtree(stale, ignore_errors=True)
         _barrier()
         t0 = time.perf_counter()
@@ -478,25 +490,86 @@ class CheckpointManager:
                 shutil.rmtree(self.dir / old, ignore_errors=True)
 
     def load(self, engine, tag_dir: Path) -> dict[str, Any]:
-        """Collective: load DeepSpeed states (module, optimizer) and this rank's own state."""
-        rank_file = tag_dir / f"rank{self.rank:05d}.pt"
+        """Collective: load DeepSpeed's states and this rank's own state, written by as many ranks as now."""
+        state, _ = self.read_rank_state(tag_dir, self.world_size)
+        self.load_engine(engine, tag_dir)
+        return state
+
+    def read_rank_state(self, tag_dir: Path, saved_world_size: int) -> tuple[dict[str, Any], bool]:
+        """Collective: check every ``.pt`` of ``tag_dir`` weights-only (before DeepSpeed's own, unrestricted
+        ``torch.load`` reads one), then read this rank's own state file, or rank 0's when the checkpoint has
+        none for this rank (written by fewer ranks). Returns ``(state, own)``."""
+        own = tag_dir / f"rank{self.rank:05d}.pt"
+        rank_file = own if own.is_file() or saved_world_size == self.world_size else tag_dir / "rank00000.pt"
         if not rank_file.is_file():
-            raise CheckpointError(f"{rank_file} is missing: the checkpoint was written by a different number of ranks")
-        check_pickles(tag_dir)  # every .pt, before DeepSpeed's own torch.load(weights_only=False) reads one
-        rank_state = safe_torch_load(rank_file, deepspeed_types=False)
+            raise CheckpointError(f"{rank_file} is missing (the checkpoint records {saved_world_size} ranks)")
+        check_pickles(tag_dir)
+        return safe_torch_load(rank_file, deepspeed_types=False), rank_file == own
+
+    def load_engine(self, engine, tag_dir: Path, universal: bool = False) -> None:
+        """Collective: load DeepSpeed's states (module, optimizer). ``universal``: the checkpoint was written by
+        another number of ranks under ZeRO 1-3 and the engine was made with ``checkpoint.load_universal``; it is
+        first converted by :func:`to_universal` into a temporary folder beside the checkpoints, deleted after."""
+        load_dir, work = tag_dir.parent, None
+        if universal:
+            work = load_dir = to_universal(tag_dir, self.dir / f".reshard-{tag_dir.name}", self.world_size)
         try:
-            path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
+            path, _ = engine.load_checkpoint(str(load_dir), tag=tag_dir.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=False, load_module_strict=True)
         except CheckpointError:
             raise
         except Exception as err:
             raise CheckpointError(f"{tag_dir}: DeepSpeed could not load it ({type(err).__name__}: {err})") from None
+        finally:
+            if work is not None:
+                _barrier()
+                if self.rank == 0:
+                    shutil.rmtree(work, ignore_errors=True)
         if path is None:
             raise CheckpointError(f"{tag_dir}: DeepSpeed found no checkpoint to load")
-        return rank_state
+
+
+RESHARD_GLOB = ".reshard-step*"  # temporary universal checkpoints (removed after loading, or by the next save)
+
+
+def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
+    """Collective: DeepSpeed's universal checkpoint of ``tag_dir`` (``deepspeed.checkpoint.ds_to_universal``: fp32
+    weights and Adam moments per parameter, independent of the number of ranks), written by rank 0 into
+    ``work/<tag>``; returns ``work``, the folder to load with ``checkpoint.load_universal``. The input was
+    verified (sizes, SHA-256, weights-only unpickling) before; the output exists only for this load."""
+    import argparse
+    import contextlib
+    import io
+
+    rank, _ = _dist_rank_world()
+    error = None
+    if rank == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        args = argparse.Namespace(input_folder=str(tag_dir), output_folder=str(work / tag_dir.name),
+                                  num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                  inject_missing_state=True)  # (no worker processes inside a training rank)
+        log = io.StringIO()
+        try:
+            from deepspeed.checkpoint import ds_to_universal
+
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                ds_to_universal.main(args)
+        except Exception as err:  # every rank must hear of it, or the others would wait forever
+            shutil.rmtree(work, ignore_errors=True)
+            error = (f"{tag_dir}: cannot re-shard it for {world_size} ranks (DeepSpeed's universal checkpoint "
+                     f"conversion failed: {type(err).__name__}: {err}); resume on the number of ranks it was "
+                     "written with")
+    box = [error]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise CheckpointError(box[0])
+    return work
 
 
 __all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "resolve_resume", "find_resume",
+           "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",
            "safe_torch_load", "deepspeed_safe_globals"]

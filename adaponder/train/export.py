@@ -8,7 +8,7 @@ loads it directly.
 An offline export (:func:`export_checkpoint`) first checks the checkpoint (every file's recorded size and
 SHA-256; every ``.pt`` unpickled weights-only before ``zero_to_fp32`` sees it), refuses a non-empty output
 folder unless ``overwrite``, and writes into a temporary sibling folder ``.NAME.tmp-<pid>`` that replaces the
-output folder only once complete.
+output folder only once complete; temporary folders of killed exports (their process gone) are removed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -111,6 +112,17 @@ def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path
     return out
 
 
+def _remove_stale(out: Path) -> None:
+    """Remove the ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>`` folders beside ``out`` of exports that were killed
+    (their process is gone; this one's own are stale too). A live export's are left alone."""
+    from adaponder.data.prepare import pid_alive
+
+    for path in out.parent.glob(f".{out.name}.*"):
+        m = re.fullmatch(re.escape(f".{out.name}.") + r"(?:tmp|old)-(\d+)", path.name)
+        if m and path.is_dir() and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Path:
     """``write(folder)`` into ``.NAME.tmp-<pid>`` next to ``out_dir``, then rename it to ``out_dir``. An existing
     ``out_dir`` (empty, or any with ``overwrite``) is first renamed aside to ``.NAME.old-<pid>`` and deleted
@@ -121,8 +133,7 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    for stale in (tmp, old):
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_stale(out)
     tmp.mkdir()
     try:
         write(tmp)

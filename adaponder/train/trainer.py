@@ -11,6 +11,10 @@ One optimizer step:
 4. ``engine.step()``: the guarded AdamW refuses the update if a loss or a gradient was non-finite anywhere
    (parameters and optimizer state stay bit-identical); N refusals in a row stop the run;
 5. logging, periodic validation, checkpoints; on a signal: a checkpoint, then exit.
+
+Stopping: SIGTERM/SIGINT on any rank, or the death of a launcher process above a rank (the ``deepspeed``
+runner signalled alone would otherwise orphan the ranks), sets the stop flag of step 3; every rank then saves
+the checkpoint together and exits with 128+signal.
 """
 
 from __future__ import annotations
@@ -105,10 +109,18 @@ def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
     return engine
 
 
-def install_stop_signals(on_stop) -> dict:
+class StopSignals(dict):
+    """The handlers replaced by :func:`install_stop_signals` (signal → handler) and its launcher watch."""
+
+    watch: LauncherWatch | None = None
+
+
+def install_stop_signals(on_stop) -> StopSignals:
     """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
-    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). Returns the previous
-    handlers, for :func:`restore_signals`."""
+    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). In a rank started by a launcher
+    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_stop(SIGTERM)`` too
+    (:class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills it, and the ranks
+    would otherwise train on, orphaned. Returns the previous handlers, for :func:`restore_signals`."""
     sigints = [0]
 
     def handler(signum, frame):
@@ -118,12 +130,113 @@ def install_stop_signals(on_stop) -> dict:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         on_stop(signum)
 
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = StopSignals({s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)})
+    chain = launcher_chain()
+    if chain:
+        old.watch = LauncherWatch(chain, lambda: on_stop(signal.SIGTERM))
+        old.watch.start()
+    return old
 
 
 def restore_signals(old_handlers: dict) -> None:
     for s, h in old_handlers.items():
         signal.signal(s, h)
+    watch = getattr(old_handlers, "watch", None)
+    if watch is not None:
+        watch.stop()
+
+
+# Launchers whose processes stand between a scheduler and the ranks: a module name or a script's file name
+# within the first arguments of their command line.
+_LAUNCHER_MODULES = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "torch.distributed.run",
+                     "torch.distributed.launch")
+_LAUNCHER_SCRIPTS = ("deepspeed", "ds", "torchrun")
+
+
+def launcher_chain() -> list:
+    """The launcher processes above this one (``psutil.Process``; parent first): the parent and its ancestors as
+    long as each is a DeepSpeed / torch launcher. Empty for a process not started by one (``python ...``), which
+    must not stop when its shell goes away (``nohup``)."""
+    try:
+        import psutil
+    except ImportError:  # (a DeepSpeed dependency; without it there is nothing to watch with)
+        return []
+    chain = []
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and proc.pid > 1:
+            head = proc.cmdline()[:4]
+            if not any(a in _LAUNCHER_MODULES or os.path.basename(a) in _LAUNCHER_SCRIPTS for a in head):
+                break
+            chain.append(proc)
+            proc = proc.parent()
+    except psutil.Error:
+        pass
+    return chain
+
+
+class LauncherWatch:
+    """A daemon thread that calls ``on_gone()`` once when a process of ``chain`` exits (or is a zombie), or this
+    process is re-parented, checked every ``interval`` seconds. Portable (psutil), unlike ``PR_SET_PDEATHSIG``,
+    which is Linux-only, fires on the death of the parent *thread*, and sees the parent only."""
+
+    def __init__(self, chain: list, on_gone, interval: float = 1.0):
+        import threading
+
+        self.chain, self.on_gone, self.interval = chain, on_gone, interval
+        self._names = {}
+        for proc in chain:
+            try:
+                self._names[proc.pid] = proc.name()
+            except Exception:  # (psutil.Error: it is gone already; the first check will see that)
+                self._names[proc.pid] = "?"
+        self._ppid = os.getppid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adaponder-launcher-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _gone(self):
+        import psutil
+
+        if os.getppid() != self._ppid:
+            return self.chain[0]
+        for proc in self.chain:
+            try:
+                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                    return proc
+            except psutil.Error:
+                return proc
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            gone = self._gone()
+            if gone is not None:
+                if int(os.environ.get("RANK", "0")) == 0:
+                    M.write_console(f"the launcher process {gone.pid} ({self._names.get(gone.pid, '?')}) is gone: "
+                                    "stopping as on SIGTERM (a checkpoint at the end of this step)")
+                self.on_gone()
+                return
+
+
+def deal(batches, rank: int, world_size: int):
+    """``(batch, counted)`` for ``rank``: the batches dealt out in turn (rank ``r`` gets every ``world_size``-th
+    from the ``r``-th), so the ranks together cover each batch once, whatever their number. If the last round is
+    short, the ranks left out get its first batch with ``counted`` False: under ZeRO-3 every rank must run as
+    many forward calls as the others."""
+    round_ = []
+    for x in batches:
+        round_.append(x)
+        if len(round_) == world_size:
+            yield round_[rank], True
+            round_ = []
+    if round_:
+        yield (round_[rank], True) if rank < len(round_) else (round_[0], False)
 
 
 def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -178,6 +291,19 @@ class Trainer:
         self.compat = self._compat()
         self.resume_state = (validate(self.resume_dir, self.compat, check_files=not files_verified)
                              if self.resume_dir is not None else None)
+        saved = (self.resume_state or {}).get("compat", {})
+        if "global_batch" not in saved and "grad_accum" in saved:  # (recorded before global_batch was)
+            old_batch = saved["world_size"] * saved["micro_batch"] * saved["grad_accum"]
+            if old_batch != self.plan.global_batch:
+                raise CheckpointError(f"cannot resume from {self.resume_dir}: global_batch is {old_batch} in the "
+                                      f"checkpoint but {self.plan.global_batch} in this run")
+        self.schedule_changes = self._check_schedule()
+        # A checkpoint of another number of ranks: ZeRO 1-3 partition the optimizer state by rank, so it is loaded
+        # through DeepSpeed's universal checkpoint (converted at load, CheckpointManager.load_engine).
+        self.saved_world_size = int((self.resume_state or {}).get("world_size", self.world_size))
+        self.reshard = self.saved_world_size != self.world_size and cfg.deepspeed.zero_stage >= 1
+        if self.reshard:
+            self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
         self._setup_engine()
         self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world_size)
 
@@ -198,6 +324,11 @@ class Trainer:
             (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
         self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
+        if self.schedule_changes:
+            changes = "; ".join(self.schedule_changes)
+            self.sink.log({"kind": "event", "step": self.step, "event": "schedule_changed", "changes": changes},
+                          f"schedule changed on resume (train.allow_schedule_change): {changes}; the learning-rate "
+                          f"and ponder-loss schedules are rebuilt from step {self.step}")
         flops = self.model.flops_per_token(None, context=self.plan.seq_len, training=True)["total"]
         self.throughput = M.Throughput(flops, self._peak_flops(), self.world_size,
                                        warn=lambda line: self.rank == 0 and M.write_console(line))
@@ -300,8 +431,8 @@ class Trainer:
                                    tokenizer=self.tokenizer, vocab_size=model.config.vocab_size)
         # Fail now, not at the first validation, if the validation data (data.val_path or the val split) is unusable.
         if cfg.eval.every or cfg.eval.at_end:
-            next(validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=1, rank=self.rank,
-                                    world_size=self.world_size, tokenizer=self.tokenizer,
+            next(validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=1, rank=0,
+                                    world_size=1, tokenizer=self.tokenizer,
                                     vocab_size=model.config.vocab_size, max_batches=1), None)
 
     def _compat(self) -> dict[str, Any]:
@@ -309,9 +440,9 @@ class Trainer:
         return {
             "model": {k: getattr(c, k, None) for k in _STRUCTURAL},
             "seq_len": self.plan.seq_len,
-            "world_size": self.world_size,
-            "micro_batch": self.plan.micro_batch,
-            "grad_accum": self.plan.grad_accum,
+            # (the number of ranks, micro-batch and accumulation may change: the data order depends on the
+            # global batch only; checkpoints before that recorded world_size, micro_batch, grad_accum instead)
+            "global_batch": self.plan.global_batch,
             "zero_stage": self.cfg.deepspeed.zero_stage,
             "precision": self.cfg.deepspeed.precision,
             "seed": self.cfg.train.seed,
@@ -339,9 +470,42 @@ class Trainer:
         self.model = engine.module
 
     # ---- checkpoints ----------------------------------------------------------------------------------
+    def _schedule_record(self) -> dict[str, Any]:
+        """What the learning-rate (and A13/A14) schedules are built from, by config key; step counts resolved."""
+        cfg, plan = self.cfg, self.plan
+        return {"train.steps": plan.total_steps, "optim.warmup": plan.warmup_steps, "optim.lr": cfg.optim.lr,
+                "optim.decay": cfg.optim.decay, "optim.min_lr_ratio": cfg.optim.min_lr_ratio,
+                "schedule.s0": plan.s0, "schedule.s1": plan.s1, "schedule.k_max": cfg.schedule.k_max,
+                "schedule.ponder_weight": cfg.schedule.ponder_weight, "init.gates_only_tokens": plan.gates_only_steps}
+
+    def _check_schedule(self) -> list[str]:
+        """A resume that would silently rebuild the schedules (another ``train.steps``, warm-up, decay...) is an
+        error unless ``train.allow_schedule_change``; returns the changes it allows, one line each."""
+        st = self.resume_state
+        if st is None:
+            return []
+        saved = st.get("lr_schedule")
+        if saved is None:  # checkpoints before the record: what their plan and schedule hold
+            plan, sch = st.get("plan", {}), st.get("schedule", {})
+            saved = {"train.steps": plan.get("total_steps"), "optim.warmup": plan.get("warmup_steps"),
+                     "schedule.s0": plan.get("s0"), "schedule.s1": plan.get("s1"), "schedule.k_max": sch.get("k_max"),
+                     "schedule.ponder_weight": sch.get("ponder_weight"),
+                     "init.gates_only_tokens": sch.get("gates_only_steps")}
+        steps = ("train.steps", "optim.warmup", "schedule.s0", "schedule.s1", "init.gates_only_tokens")
+        changes = [f"{key}{' (steps)' if key in steps else ''}: {saved[key]} in the checkpoint, {now} now"
+                   for key, now in self._schedule_record().items() if saved.get(key) is not None and saved[key] != now]
+        if changes and not self.cfg.train.allow_schedule_change:
+            raise CheckpointError(
+                f"cannot resume from {self.resume_dir}: the schedule would change ({'; '.join(changes)}). The "
+                "learning-rate and ponder-loss schedules follow from these keys, so resuming would silently rebuild "
+                "them mid-run. Resume with the checkpoint's values, or pass --set train.allow_schedule_change=true "
+                "to continue on the new schedule from this step")
+        return changes
+
     def _trainer_state(self) -> dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "consecutive_skips": self.consecutive_skips,
                 "skipped_total": self.skipped_total, "compat": self.compat, "plan": vars(self.plan),
+                "lr_schedule": self._schedule_record(),
                 "tokenizer": self.tokenizer_path, "config_fingerprint": self.cfg.fingerprint(),
                 "schedule": {"s0": self.plan.s0, "s1": self.plan.s1, "k_max": self.cfg.schedule.k_max,
                              "ponder_weight": self.cfg.schedule.ponder_weight,
@@ -360,27 +524,50 @@ class Trainer:
         return path
 
     def _load(self, tag_dir: Path) -> None:
-        rank_state = self.ckpt.load(self.engine, tag_dir)
         st = self.resume_state
+        # The loader state is the position in the global sample stream (the same on every rank and for any
+        # number of ranks), so a rank that the checkpoint has no file for reads rank 0's; checked before the
+        # (possibly long) re-sharding.
+        rank_state, own = self.ckpt.read_rank_state(tag_dir, self.saved_world_size)
         try:
             self.loader.load_state_dict(rank_state["loader"])
         except Exception as err:
             raise CheckpointError(f"{tag_dir}: data-loader state does not fit ({err})") from None
+        if self.reshard and self.rank == 0:
+            M.write_console(f"{tag_dir} was written by {self.saved_world_size} rank(s), this run has "
+                            f"{self.world_size}: re-sharding the ZeRO-{self.cfg.deepspeed.zero_stage} optimizer state "
+                            "through DeepSpeed's universal checkpoint")
+        self.ckpt.load_engine(self.engine, tag_dir, universal=self.reshard)
         self.step = int(st["step"])
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
         self.skipped_total = int(st.get("skipped_total", 0))
-        set_rng_state(rank_state["rng"])
+        if own:
+            set_rng_state(rank_state["rng"])
+        else:  # a rank the checkpoint has no RNG state for: its own stream, from (seed, rank, step)
+            seed_everything(self.cfg.train.seed + self.rank + 1_000_003 * self.step)
         self._last_saved, self._last_saved_path = self.step, tag_dir
         if self.rank == 0:
             M.write_console(f"resumed from {tag_dir} at step {self.step} ({self.tokens_seen:,} tokens seen)")
 
     # ---- signals --------------------------------------------------------------------------------------
     def _install_signals(self) -> None:
-        self._old_handlers = install_stop_signals(lambda signum: setattr(self, "stop_signal", signum))
+        self._old_handlers = install_stop_signals(self._on_signal)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.stop_signal is None:  # the first one names the stop (Ctrl-C also makes the launcher send SIGTERM)
+            self.stop_signal = signum
 
     def _restore_signals(self) -> None:
-        restore_signals(getattr(self, "_old_handlers", {}))
+        old = getattr(self, "_old_handlers", None)
+        if old is None:
+            return
+        if self.stop_signal is None:
+            restore_signals(old)
+        elif old.watch is not None:
+            # Exiting with 128+signal: our handlers stay, so that a launcher's follow-up SIGTERM (deepspeed's
+            # launch.py signals the other ranks as soon as one has exited) cannot turn that exit into a kill.
+            old.watch.stop()
 
     # ---- one optimizer step ---------------------------------------------------------------------------
     def _set_stage(self, step: int) -> str:
@@ -458,22 +645,30 @@ class Trainer:
     # ---- validation -----------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, max_batches: int | None) -> dict[str, Any]:
+        """Validation over the first ``max_batches`` micro-batches of the validation data (all of it with None),
+        the same tokens whatever the number of ranks: the micro-batches are dealt out to the ranks in turn
+        (:func:`deal`) and the token-weighted sums all-reduced."""
         from adaponder.data.training_source import validation_batches
 
         cfg, engine = self.cfg, self.engine
         model = engine.module
         compact = model.config.compact_inference
-        if cfg.deepspeed.zero_stage == 3:
+        zero3 = cfg.deepspeed.zero_stage == 3
+        if zero3:
             # Every rank must run the same module sequence (parameter all-gathers): no early exit.
             model.config.compact_inference = False
         engine.eval()
         vec = eval_vector(self.k_passes, self.device)
         mb = cfg.eval.micro_batch or self.plan.micro_batch
+        batches = validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=mb, rank=0, world_size=1,
+                                     tokenizer=self.tokenizer, vocab_size=model.config.vocab_size,
+                                     max_batches=max_batches)
         try:
-            for x in validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=mb, rank=self.rank,
-                                        world_size=self.world_size, tokenizer=self.tokenizer,
-                                        vocab_size=model.config.vocab_size, max_batches=max_batches):
-                eval_batch(engine, x.to(self.device), vec, self.k_passes)
+            for x, counted in deal(batches, self.rank, self.world_size):
+                if counted:
+                    eval_batch(engine, x.to(self.device), vec, self.k_passes)
+                elif zero3:  # the same number of forward calls on every rank (each gathers parameters); discarded
+                    eval_batch(engine, x.to(self.device), eval_vector(self.k_passes, self.device), self.k_passes)
         finally:
             model.config.compact_inference = compact
             engine.train()
@@ -537,7 +732,8 @@ class Trainer:
                                f"{cfg.train.max_consecutive_skips}); no update was applied in them. The last "
                                f"checkpoint is {self.ckpt_dir / latest if latest else 'none (no checkpoint yet)'}, "
                                "untouched. Lower optim.lr or check the data, then continue with --resume auto.")
-                        self.sink.log({"kind": "event", "step": self.step, "event": "stopped_nonfinite"}, msg)
+                        self.sink.log({"kind": "event", "step": self.step, "event": "stopped_nonfinite",
+                                       "message": msg})  # (printed once, by run())
                         raise TrainingStopped(msg, EXIT_NONFINITE)
                 else:
                     self.consecutive_skips = 0
@@ -567,13 +763,14 @@ class Trainer:
                     name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another rank"
                     path = self.save()
                     msg = f"received {name}: saved {path} at step {self.step}; continue with --resume auto"
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name}, msg)
+                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name,
+                                   "message": msg})
                     code = 128 + (self.stop_signal or signal.SIGTERM)
                     raise TrainingStopped(msg, code)
                 if cfg.train.stop_at is not None and self.step == cfg.train.stop_at and self.step < plan.total_steps:
                     path = self.save()
                     msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at"}, msg)
+                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at", "message": msg})
                     raise TrainingStopped(msg, EXIT_OK)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < plan.total_steps:
                     self._log_eval(self.evaluate(cfg.eval.max_batches))
@@ -591,7 +788,7 @@ class Trainer:
                 msg = (f"stopping: the final validation loss is {final_eval['val_loss']} (expected a finite number) "
                        f"at step {self.step}; no Hugging Face export was written. The last checkpoint is "
                        f"{self._last_saved_path}; check the data and the train losses in {cfg.out_dir / 'metrics.jsonl'}.")
-                self.sink.log({"kind": "event", "step": self.step, "event": "nonfinite_final_eval"}, msg)
+                self.sink.log({"kind": "event", "step": self.step, "event": "nonfinite_final_eval", "message": msg})
                 raise TrainingStopped(msg, EXIT_NONFINITE)
             export_dir = self.export_hf(cfg.out_dir / "hf") if cfg.checkpoint.export_hf else None
             wall = time.perf_counter() - t_start
@@ -622,12 +819,15 @@ class Trainer:
         return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()} if self.rank == 0 else None
 
     def export_hf(self, out_dir: Path) -> Path:
-        from .export import save_hf
+        """Collective. The Hugging Face export of the run, written atomically over an earlier one (a temporary
+        sibling folder renamed into place, :func:`.export.write_atomically`)."""
+        from .export import save_hf, write_atomically
 
         sd = self.full_state_dict()
         if self.rank == 0:
             extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
-            save_hf(self.engine.module, sd, out_dir, self.tokenizer_path, extra)
+            write_atomically(out_dir, lambda tmp: save_hf(self.engine.module, sd, tmp, self.tokenizer_path, extra),
+                             overwrite=True)
             M.write_console(f"exported Hugging Face checkpoint: {out_dir}")
         if dist.is_initialized():
             dist.barrier()
@@ -641,6 +841,7 @@ class Trainer:
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
     """Set up, train, export; returns the process exit code. Errors the user can fix print one clear message."""
+    from adaponder.cli.errors import debug_requested
     from adaponder.data.errors import DataError
     from adaponder.modeling import AdaPonderConfigError
 
@@ -652,10 +853,12 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         trainer.fit()
         return EXIT_OK
     except TrainingStopped as stop:
-        if rank == 0:
+        if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
     except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
+        if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.cli.errors)
+            raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
         if rank == 0:
             M.write_console(f"error: {err}")
@@ -668,4 +871,5 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
 
 
 __all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals",
-           "restore_signals", "EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE"]
+           "restore_signals", "StopSignals", "LauncherWatch", "launcher_chain", "deal", "EXIT_OK", "EXIT_ERROR",
+           "EXIT_NONFINITE"]
