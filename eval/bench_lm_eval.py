@@ -15,9 +15,9 @@ exactly those of ``hf``.
 Without ``--checkpoint`` the script builds one: a Pythia shape (``--size``) with random weights whose gates are
 calibrated to skip ``--skip`` of the token-passes on the bundled corpus, saved with the bundled tokenizer.
 
-    ADAPONDER_EVAL_DATA=../shared/data/eval python eval/bench_lm_eval.py                  # 70M shape, 50 % skipped
-    ADAPONDER_EVAL_DATA=../shared/data/eval python eval/bench_lm_eval.py --checkpoint runs/demo/hf
-    ADAPONDER_EVAL_DATA=../shared/data/eval python eval/bench_lm_eval.py --size tiny --limit 8 --tasks \\
+    ADAPONDER_EVAL_DATA=/path/to/eval python eval/bench_lm_eval.py                  # 70M shape, 50 % skipped
+    ADAPONDER_EVAL_DATA=/path/to/eval python eval/bench_lm_eval.py --checkpoint runs/demo/hf
+    ADAPONDER_EVAL_DATA=/path/to/eval python eval/bench_lm_eval.py --size tiny --limit 8 --tasks \\
         adaponder_arc_easy --batch-size 4                                                 # smoke run
 """
 
