@@ -48,3 +48,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Corpus, tokenizer and prepared data of the tiny training runs (tests/helpers_train.py), once per module."""
+    from helpers_train import tiny_data
+
+    return tiny_data(tmp_path_factory.mktemp("tinydata"))
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    """Runs launch/pretrain.py in one long-lived process (one torch/DeepSpeed import per module)."""
+    from helpers_train import LauncherWorker
+
+    worker = LauncherWorker()
+    yield worker
+    worker.close()

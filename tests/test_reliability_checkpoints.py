@@ -21,21 +21,9 @@ import torch
 
 from adaponder.train.checkpoint import (FORMAT, HASH_KEY, STATE_FILE, file_sha256, integrity_problems,
                                         read_state, safe_torch_load)
-from helpers_train import REPO, LauncherWorker, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import REPO, read_metrics, tiny_train_config, write_config
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    worker = LauncherWorker()
-    yield worker
-    worker.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,7 +21,7 @@ from adaponder.evaluation import cli as eval_cli
 from adaponder.evaluation import perplexity
 from adaponder.modeling.modeling_adaponder import TokenIdError
 from helpers_evaluation import tiny_model, tiny_tokenizer
-from helpers_train import LauncherWorker, tiny_data, tiny_train_config, write_config
+from helpers_train import LauncherWorker, tiny_train_config, write_config
 
 VOCAB, CONTEXT = 1000, 128
 
@@ -175,11 +174,6 @@ def test_ignored_labels_and_the_last_id_are_accepted(model):
 
 
 # -- the packed loader: damaged shard content ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("cli_error_data"))
-
-
 def _damaged_copy(data: dict, dest: Path, split: str, token: int) -> Path:
     """A copy of the prepared folder with id 65535 written over token ``token`` of ``split``'s first shard (the
     size stays right)."""

@@ -19,23 +19,10 @@ import shutil
 
 import pytest
 
-from helpers_train import (LauncherWorker, deepspeed_launch, free_port, read_metrics, tiny_data, tiny_train_config,
-                           write_config)
+from helpers_train import deepspeed_launch, free_port, read_metrics, tiny_train_config, write_config
 
 pytestmark = pytest.mark.deepspeed
 RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    worker = LauncherWorker()
-    yield worker
-    worker.close()
 
 
 def _config(tmp, name, data, **train):

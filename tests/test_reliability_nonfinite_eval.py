@@ -8,9 +8,8 @@ import json
 import subprocess
 import sys
 
-import pytest
 
-from helpers_train import REPO, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import REPO, cpu_env, read_metrics, tiny_train_config, write_config
 
 _DRIVER = r"""
 import sys
@@ -28,11 +27,6 @@ T.Trainer.evaluate = evaluate
 from pretrain import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
 
 
 def test_nonfinite_final_validation_loss_exits_3_without_export(data, tmp_path):

@@ -16,13 +16,7 @@ import time
 import pytest
 
 from adaponder.train.trainer import LauncherWatch, deal
-from helpers_train import (REPO, cpu_env, free_port, read_metrics, signal_deepspeed_launch, tiny_data,
-                           tiny_train_config, write_config)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
+from helpers_train import (REPO, cpu_env, free_port, read_metrics, signal_deepspeed_launch, tiny_train_config, write_config)
 
 
 @pytest.mark.deepspeed

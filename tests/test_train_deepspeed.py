@@ -9,16 +9,11 @@ import json
 
 import pytest
 
-from helpers_train import deepspeed_launch, read_metrics, tiny_data, tiny_train_config, write_config
+from helpers_train import deepspeed_launch, read_metrics, tiny_train_config, write_config
 
 pytestmark = pytest.mark.deepspeed
 
 PORTS = {"z1": 29731, "z2": 29732, "z3": 29733, "b": 29734, "c": 29735}
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
 
 
 def _cfg(tmp, name, data, stage, **sections):

@@ -17,20 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_train import REPO, LauncherWorker, cpu_env, read_metrics, tiny_data, tiny_train_config, write_config
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return tiny_data(tmp_path_factory.mktemp("tinydata"))
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    """Runs launch/pretrain.py in one long-lived process (one torch/DeepSpeed import for the module)."""
-    worker = LauncherWorker()
-    yield worker
-    worker.close()
+from helpers_train import REPO, cpu_env, read_metrics, tiny_train_config, write_config
 
 
 def run_all(launcher, *runs):
