@@ -4,8 +4,11 @@ At a Pythia shape (random weights; CPU by default), with the gates calibrated so
 token-passes are skipped, it measures side by side in one run, for every batch size and dtype:
 
   (a) ``cache+reuse``  — the AdaPonder cache: halted tokens reuse their exit-pass K/V, later passes compute only
-                         still-active tokens (compaction, A15, A16);
-  (b) ``halting off``  — the same weights with every gate open (all K passes, the same cached code path);
+                         still-active tokens (compaction, A15, A16). Decoding runs it two ways: depth-batched
+                         (``DepthBatchedDecoder``: every row at its own pass, a halted row starts its next token
+                         while others ponder) and lockstep (the cached ``forward``, one token per row per step);
+  (b) ``halting off``  — the same weights with every gate open (all K passes, the same cached code paths; decode
+                         saving is taken against the faster of its two schedules);
   (c) ``no-cache``     — batch 1 only: recompute the whole sequence K times for every new token, as PonderLM's
                          public code does.
 
@@ -36,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config  # noqa: E402
+from adaponder.modeling.depth_batching import DepthBatchedDecoder  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -202,6 +206,13 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
     warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
     model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
     t_pre, out = timed(lambda: model(prompt, use_cache=True), repeats, device)
+    # Depth-batched decoding from the same prefill (its cache is copied, not changed): new_tokens ticks' worth of
+    # tokens after the prefill's one, as the lockstep loop below times new_tokens steps.
+    _sync(device)
+    t0 = time.perf_counter()
+    depth = DepthBatchedDecoder(model).generate(prompt, new_tokens + 1, prefill=out)
+    _sync(device)
+    t_depth = time.perf_counter() - t0
     cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
     exit_pre = out.exit_pass
     with HostSyncCounter() as counter:  # one untimed step, counted
@@ -216,7 +227,8 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
         exits.append(step.exit_pass)
     _sync(device)
     return {"prefill_s": t_pre, "decode_s": time.perf_counter() - t0, "exit_prefill": exit_pre,
-            "exit_decode": torch.cat(exits, 1), "syncs_per_step": counter.count}
+            "exit_decode": torch.cat(exits, 1), "syncs_per_step": counter.count,
+            "depth_s": t_depth, "exit_depth": depth.exit_pass[:, 1:], "ticks": depth.ticks}
 
 
 @torch.no_grad()
@@ -259,27 +271,33 @@ def bench_dtype(args, dtype_name: str) -> list[dict]:
             on = run_variant(model, prompts[batch], args.new_tokens, args.repeats)
             n_pre, n_dec = batch * args.context, batch * args.new_tokens
             f_pre = model.flops_per_token(on["exit_prefill"], context=args.context)["total"]
-            f_dec = model.flops_per_token(on["exit_decode"], context=args.context)["total"]
+            f_dec = model.flops_per_token(on["exit_depth"], context=args.context)["total"]
+            f_lock = model.flops_per_token(on["exit_decode"], context=args.context)["total"]
             bytes_on = decode_bytes(model, on["exit_decode"], args.context)
             bytes_off = decode_bytes(model, off["exit_decode"], args.context)
             limit, limit_off = n_dec * bandwidth / bytes_on, n_dec * bandwidth / bytes_off
+            best_off = min(off["decode_s"], off["depth_s"])  # the faster of the two halting-off schedules
             row = {
                 "dtype": dtype_name, "batch": batch, "target_saving": s,
                 "prefill_mean_D": on["exit_prefill"].float().mean().item(),
                 "decode_mean_D": on["exit_decode"].float().mean().item(),
                 "prefill_tok_s": {"cache+reuse": n_pre / on["prefill_s"], "halting off": n_pre / off["prefill_s"]},
-                "decode_tok_s": {"cache+reuse": n_dec / on["decode_s"], "halting off": n_dec / off["decode_s"]},
+                "decode_tok_s": {"depth-batched": n_dec / on["depth_s"], "lockstep": n_dec / on["decode_s"],
+                                 "halting off": n_dec / best_off, "halting off lockstep": n_dec / off["decode_s"],
+                                 "halting off depth-batched": n_dec / off["depth_s"]},
+                "decode_ticks": on["ticks"],
                 "prefill_flop_saving": 1 - f_pre / f_off, "prefill_wall_saving": _saving(on["prefill_s"], off["prefill_s"]),
-                "decode_flop_saving": 1 - f_dec / f_off, "decode_wall_saving": _saving(on["decode_s"], off["decode_s"]),
+                "decode_flop_saving": 1 - f_dec / f_off, "decode_wall_saving": _saving(on["depth_s"], best_off),
+                "lockstep_flop_saving": 1 - f_lock / f_off, "lockstep_wall_saving": _saving(on["decode_s"], off["decode_s"]),
                 "decode_bytes_saving": 1 - bytes_on / bytes_off,
-                "decode_bandwidth_fraction": {"cache+reuse": (n_dec / on["decode_s"]) / limit,
+                "decode_bandwidth_fraction": {"lockstep": (n_dec / on["decode_s"]) / limit,
                                               "halting off": (n_dec / off["decode_s"]) / limit_off},
                 "gemv_bandwidth_GBs": bandwidth / 1e9,
-                "syncs_per_decode_step": {"cache+reuse": on["syncs_per_step"], "halting off": off["syncs_per_step"]},
+                "syncs_per_decode_step": {"lockstep": on["syncs_per_step"], "halting off": off["syncs_per_step"]},
             }
             if rec is not None:
                 row["decode_tok_s"]["no-cache recompute"] = 1 / rec
-                row["cached_vs_recompute"] = row["decode_tok_s"]["cache+reuse"] / (1 / rec)
+                row["cached_vs_recompute"] = row["decode_tok_s"]["depth-batched"] / (1 / rec)
             rows.append(row)
             print_row(row)
     return rows
@@ -290,23 +308,24 @@ def _ratio(wall: float, flop: float) -> float:
 
 
 HEADER = (f"{'dtype':>5} {'batch':>5} {'skip':>5} {'D pre':>5} {'D dec':>5} | {'prefill tok/s a':>15} {'b':>8} | "
-          f"{'decode tok/s a':>14} {'b':>8} | {'pre FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | {'dec FLOP↓':>9} "
-          f"{'wall↓':>6} {'ratio':>5} {'bytes↓':>6} | {'BW% a':>5} {'b':>5} | {'sync a':>6} {'b':>3} | {'a/c':>5}")
+          f"{'pre FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | {'decode tok/s a':>14} {'lock':>7} {'b':>7} | "
+          f"{'dec FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | {'lock wall↓':>10} {'ratio':>5} {'bytes↓':>6} | "
+          f"{'BW% lock':>8} {'b':>4} | {'sync lock':>9} {'b':>2} | {'a/c':>5}")
 
 
 def print_row(r: dict) -> None:
-    bw, sy = r["decode_bandwidth_fraction"], r["syncs_per_decode_step"]
+    bw, sy, dec = r["decode_bandwidth_fraction"], r["syncs_per_decode_step"], r["decode_tok_s"]
     ac = r.get("cached_vs_recompute")
     print(f"{r['dtype']:>5} {r['batch']:>5} {r['target_saving']:>5.0%} {r['prefill_mean_D']:>5.2f} "
           f"{r['decode_mean_D']:>5.2f} | {r['prefill_tok_s']['cache+reuse']:>15.1f} "
-          f"{r['prefill_tok_s']['halting off']:>8.1f} | {r['decode_tok_s']['cache+reuse']:>14.1f} "
-          f"{r['decode_tok_s']['halting off']:>8.1f} | {r['prefill_flop_saving']:>9.1%} "
+          f"{r['prefill_tok_s']['halting off']:>8.1f} | {r['prefill_flop_saving']:>9.1%} "
           f"{r['prefill_wall_saving']:>6.1%} {_ratio(r['prefill_wall_saving'], r['prefill_flop_saving']):>5.2f} | "
+          f"{dec['depth-batched']:>14.1f} {dec['lockstep']:>7.1f} {dec['halting off']:>7.1f} | "
           f"{r['decode_flop_saving']:>9.1%} {r['decode_wall_saving']:>6.1%} "
-          f"{_ratio(r['decode_wall_saving'], r['decode_flop_saving']):>5.2f} {r['decode_bytes_saving']:>6.1%} | "
-          f"{bw['cache+reuse']:>5.0%} "
-          f"{bw['halting off']:>5.0%} | {sy['cache+reuse']:>6} {sy['halting off']:>3} | "
-          + (f"{ac:>4.0f}x" if ac else f"{'':>5}"), flush=True)
+          f"{_ratio(r['decode_wall_saving'], r['decode_flop_saving']):>5.2f} | "
+          f"{r['lockstep_wall_saving']:>10.1%} {_ratio(r['lockstep_wall_saving'], r['lockstep_flop_saving']):>5.2f} "
+          f"{r['decode_bytes_saving']:>6.1%} | {bw['lockstep']:>8.0%} {bw['halting off']:>4.0%} | "
+          f"{sy['lockstep']:>9} {sy['halting off']:>2} | " + (f"{ac:>4.0f}x" if ac else f"{'':>5}"), flush=True)
 
 
 def main(argv=None):
@@ -335,11 +354,14 @@ def main(argv=None):
     rows = []
     for dtype_name in args.dtypes.split(","):
         rows += bench_dtype(args, dtype_name)
-    print("\n(a) cache with KV reuse and compaction, (b) the same model with halting off, (c) no-cache recompute "
-          "(PonderLM-style, batch 1);\nratio = wall-clock saving / FLOP saving (target ≥ 0.8); bytes↓ = saving in bytes "
-          "a decode step reads\n(weights of every pass any row runs + K/V of active rows); BW% = decode tokens/s as a share "
-          "of the memory-bandwidth limit\n(bytes read per decode step / measured GEMV bandwidth); sync = "
-          "host synchronisations per decode step; a/c = cached decode over (c) (target ≥ 20× at 512 context).")
+    print("\nprefill: (a) cache with KV reuse and compaction, (b) the same model with halting off.\n"
+          "decode: (a) depth-batched (every row at its own pass; a halted row starts its next token), lock = the cached\n"
+          "forward in lockstep (every row at the same pass, halted rows idle), (b) halting off, the faster of the two\n"
+          "schedules; (c) no-cache recompute (PonderLM-style, batch 1). ratio = wall-clock saving / FLOP saving (target\n"
+          "≥ 0.8); bytes↓ = saving in bytes a lockstep step reads (weights of every pass any row runs + K/V of active\n"
+          "rows); BW% = lockstep decode tokens/s as a share of the memory-bandwidth limit (bytes per step / measured\n"
+          "GEMV bandwidth); sync = host synchronisations per lockstep step (depth-batched: one per tick);\n"
+          "a/c = cached decode (a) over (c) (target ≥ 20× at 512 context, 0 % skipped).")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows

@@ -1,0 +1,281 @@
+"""Depth-wise continuous batching for decoding: every row of the batch at its own pass (issue 16; A6–A8, A15).
+
+The cached ``forward`` decodes a batch in lockstep: one token per row per step, K passes per step, each pass
+computing the rows still active in it. The weights (layers, and W_out, W_E for the pondering product A4) are
+read once per pass for the whole batch as long as *any* row is active there, so in a batch the bytes a step
+reads hardly fall with halting, and decoding — bandwidth-bound at small batch — saves little wall-clock.
+
+:class:`DepthBatchedDecoder` schedules by pass instead. One *tick* runs the layer stack once over all live
+rows, each at its own pass of its own token. A row whose token halts after the tick (A6; or reaches pass K)
+emits the token and starts its next token at pass 1 in the next tick, while the other rows go on pondering.
+Every weight read then serves a full batch, and the number of ticks is the number of token-passes over the
+batch size: wall-clock falls with the skipped token-passes (Mixture-of-Recursions' depth-wise batching).
+
+The arithmetic per row is the cached ``forward``'s (same layers, gates, pondering, A15 K/V reuse), so a row's
+tokens and exit passes are those of decoding it alone (``tests/test_depth_batching.py``). What differs is the
+layout: each layer's K/V of every pass live in one buffer ``[K, B, heads, capacity, head_dim]``; a tick writes
+each row's new K/V at (its pass, its position) in one indexed write, and the attention of a row reads its own
+pass's slice — one SDPA call per run of adjacent rows at the same pass and position (one call in all when
+every row is in step), no gathered copy of the cache. transformers' GPT-NeoX layers run unchanged; their
+attention is routed to :func:`row_attention` through ``AttentionInterface`` (the documented way to plug an
+attention function in) for the duration of the ticks.
+
+Scope: greedy decoding of equal-length, unpadded prompts, the threshold rule of A6 (no ``halting_policy``),
+modes ``vanilla``, ``ponderlm`` and ``adaponder``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from .ponder_cache import PonderCache
+
+ROW_ATTENTION = "adaponder_rows"
+
+
+@dataclass
+class RowPlan:
+    """Where each live row of a tick attends: buffer row ``rows[i]``, pass ``passes[i]`` (1-based), keys at
+    positions ``0..positions[i]``. ``runs`` groups adjacent rows that can share one attention call."""
+
+    rows: list[int]
+    passes: list[int]
+    positions: list[int]
+
+    def __post_init__(self):
+        self.runs = []  # (first live index, count, buffer row, pass, position)
+        for i, (r, p, t) in enumerate(zip(self.rows, self.passes, self.positions)):
+            last = self.runs[-1] if self.runs else None
+            if last and last[2] + last[1] == r and last[3] == p and last[4] == t:
+                self.runs[-1] = (last[0], last[1] + 1, last[2], p, t)
+            else:
+                self.runs.append((i, 1, r, p, t))
+
+
+def row_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, ponder_rows=None,
+                  **kwargs):
+    """Attention of one tick: ``query`` ``[n, heads, 1, hd]``; ``key``/``value`` the layer's whole buffers
+    ``[K, B, heads, capacity, hd]`` (from :meth:`TickKV.update`); ``ponder_rows`` the :class:`RowPlan`.
+    Returns ``[n, 1, heads, hd]`` as transformers' attention functions do."""
+    plan: RowPlan = ponder_rows
+    outs = []
+    for first, count, row, p, t in plan.runs:
+        k = key[p - 1, row:row + count, :, :t + 1]
+        v = value[p - 1, row:row + count, :, :t + 1]
+        outs.append(F.scaled_dot_product_attention(query[first:first + count], k, v, scale=scaling))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out.transpose(1, 2), None
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)
+
+
+def _index(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+class TickKV:
+    """The ``layer_past`` of a tick: writes each row's new K/V at (its pass, its position) and hands the
+    layer's whole buffers to :func:`row_attention`."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        self.keys, self.values = keys, values
+        self.index: tuple[torch.Tensor, torch.Tensor, slice, torch.Tensor] | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        self.keys[layer_idx][self.index] = key[:, :, 0]
+        self.values[layer_idx][self.index] = value[:, :, 0]
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+@contextlib.contextmanager
+def _attention_implementation(config, name: str):
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+@dataclass
+class DepthBatchedOutput:
+    """``sequences`` ``[B, T + new]`` (prompt and generated tokens); ``exit_pass`` ``[B, new]`` the pass each
+    generated token exited at (the first from the prefill); ``ticks`` stack runs after the prefill;
+    ``token_passes`` the passes they computed summed over rows (ticks × live rows)."""
+
+    sequences: torch.Tensor
+    exit_pass: torch.Tensor
+    ticks: int
+    token_passes: int
+
+
+class DepthBatchedDecoder:
+    """Greedy decoding with depth-wise continuous batching (see the module docstring).
+
+    ``DepthBatchedDecoder(model).generate(input_ids, max_new_tokens)``: ``input_ids`` ``[B, T]`` without
+    padding; every row gets ``max_new_tokens`` tokens (fewer when ``eos_token_id`` ends it: the rest of its row
+    is ``eos_token_id`` and its exit passes 0).
+    """
+
+    def __init__(self, model):
+        cfg = model.config
+        if cfg.mode not in ("vanilla", "ponderlm", "adaponder"):
+            raise ValueError(f"depth-batched decoding supports modes vanilla, ponderlm and adaponder, not {cfg.mode!r}")
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+                 prefill=None) -> DepthBatchedOutput:
+        """``prefill``: the output of ``model(input_ids, use_cache=True)`` when the caller already ran it (a
+        benchmark timing prefill and decoding apart); its cache is copied, not changed."""
+        model, cfg = self.model, self.model.config
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        batch, length = input_ids.shape
+        K, L = cfg.num_passes, cfg.num_hidden_layers
+        out = prefill if prefill is not None else model(input_ids, use_cache=True)  # the cached forward (A16)
+        keys, values = self._buffers(out.cache, K, L, length + max_new_tokens)
+        device = input_ids.device
+        tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
+        exits = [[d] for d in out.exit_pass[:, -1].tolist()]
+
+        live = [b for b in range(batch) if not self._done(tokens[b], max_new_tokens, eos_token_id)]
+        passes = [1] * len(live)
+        positions = [length] * len(live)
+        embed = model.gpt_neox.embed_in
+        E = self._first_input(embed, [tokens[b][-1] for b in live], device)
+        kv = TickKV(keys, values)
+        ticks = token_passes = 0
+        with _attention_implementation(cfg, ROW_ATTENTION):
+            while live:
+                plan = RowPlan(live, passes, positions)
+                rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
+                kv.index = (pass_t - 1, rows_t, slice(None), pos_t)
+                h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
+                ticks += 1
+                token_passes += len(live)
+
+                s = self._gates(h, passes)  # [n] float, or None when no gate can halt
+                halt = pass_t >= K if s is None else (pass_t >= K) | (s < cfg.halting_threshold)  # A6
+                z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
+                nxt = z.argmax(-1)
+                halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
+
+                go = [i for i, stop in enumerate(halt_h) if not stop]
+                if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
+                    idx = _index(go, device)
+                    e = self._pondering(z.index_select(0, idx))
+                    if s is not None:
+                        e = e * s.index_select(0, idx).to(e.dtype)[:, None]
+                    E = E.index_add(0, idx, e.to(E.dtype))
+                stopped = [i for i, stop in enumerate(halt_h) if stop]
+                self._carry_forward(keys, values, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
+
+                keep, new_rows, new_tokens = [], [], []
+                for i, b in enumerate(live):
+                    if not halt_h[i]:
+                        passes[i] += 1
+                        keep.append(i)
+                        continue
+                    tokens[b].append(nxt_h[i])
+                    exits[b].append(passes[i])
+                    if not self._done(tokens[b], max_new_tokens, eos_token_id):
+                        passes[i], positions[i] = 1, positions[i] + 1
+                        keep.append(i)
+                        new_rows.append(len(keep) - 1)
+                        new_tokens.append(nxt_h[i])
+                if len(keep) < len(live):
+                    E = E.index_select(0, _index(keep, device))
+                    live = [live[i] for i in keep]
+                    passes = [passes[i] for i in keep]
+                    positions = [positions[i] for i in keep]
+                if new_rows:  # rows that emitted a token start the next one at pass 1 (A1)
+                    E = E.index_copy(0, _index(new_rows, device),
+                                     self._first_input(embed, new_tokens, device))
+
+        fill = eos_token_id if eos_token_id is not None else 0
+        gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
+        ex = torch.tensor([d + [0] * (max_new_tokens - len(d)) for d in exits], device=device)
+        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes)
+
+    # -- pieces of a tick -------------------------------------------------------------------------------------
+    @staticmethod
+    def _done(tokens: list[int], limit: int, eos: int | None) -> bool:
+        return len(tokens) >= limit or (eos is not None and tokens[-1] == eos)
+
+    def _first_input(self, embed, token_ids: list[int], device) -> torch.Tensor:
+        """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
+        x0 = embed(torch.tensor(token_ids, device=device))
+        scale = self.model.config.first_pass_scale
+        return x0 * scale if scale != 1.0 else x0
+
+    def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, kv: TickKV, plan: RowPlan) -> torch.Tensor:
+        neox = self.model.gpt_neox
+        hidden = neox.emb_dropout(E[:, None])
+        rope = neox.rotary_emb(hidden, pos_t[:, None])
+        for layer in neox.layers:
+            hidden = layer(hidden, attention_mask=None, layer_past=kv, position_embeddings=rope, ponder_rows=plan)
+        return neox.final_layer_norm(hidden)[:, 0]
+
+    def _gates(self, h: torch.Tensor, passes: list[int]) -> torch.Tensor | None:
+        """s^i of each row's pass (A5); rows at pass K get 0 (they halt anyway). Rows are grouped by pass, one
+        gate call per distinct pass. None when the model has no gates."""
+        gates = self.model.gates
+        if not len(gates):
+            return None
+        s = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+        order = sorted(range(len(passes)), key=passes.__getitem__)
+        for p, group in itertools.groupby(order, key=passes.__getitem__):
+            if p > len(gates):
+                continue
+            idx = _index(list(group), h.device)
+            s.index_copy_(0, idx, gates[p - 1](h.index_select(0, idx)))
+        return s
+
+    def _pondering(self, z: torch.Tensor) -> torch.Tensor:
+        """e = α·softmax(z)·W_E (A4) from logits already computed (the head product is shared with the exit)."""
+        model = self.model
+        w_emb = model.gpt_neox.embed_in.weight
+        probs = torch.softmax(z.float(), dim=-1)
+        e = probs.to(torch.promote_types(z.dtype, w_emb.dtype)) @ w_emb.to(torch.promote_types(z.dtype, w_emb.dtype))
+        alpha = model.config.embedding_scale
+        return e * alpha if alpha != 1.0 else e
+
+    @staticmethod
+    def _carry_forward(keys, values, halted: list[tuple[int, int, int]], K: int, device) -> None:
+        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy per layer
+        for all rows that halted in this tick."""
+        pairs = [(row, d, j, pos) for row, d, pos in halted for j in range(d + 1, K + 1)]
+        if not pairs:
+            return
+        row, src, dst, pos = (_index(c, device) for c in zip(*pairs))
+        for buf in itertools.chain(keys, values):
+            buf[dst - 1, row, :, pos] = buf[src - 1, row, :, pos]
+
+    @staticmethod
+    def _buffers(cache: PonderCache, K: int, L: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The prefill cache moved into one ``[K, B, heads, capacity, hd]`` buffer per layer for keys and values."""
+        keys, values = [], []
+        for layer in range(L):
+            k0, _ = cache.view(1, layer)
+            b, heads, t, hd = k0.shape
+            kb, vb = (k0.new_empty(K, b, heads, capacity, hd) for _ in range(2))
+            for p in range(1, K + 1):
+                k, v = cache.view(p, layer)
+                kb[p - 1, :, :, :t].copy_(k)
+                vb[p - 1, :, :, :t].copy_(v)
+            keys.append(kb)
+            values.append(vb)
+        return keys, values
+
+
+__all__ = ["DepthBatchedDecoder", "DepthBatchedOutput", "ROW_ATTENTION", "row_attention"]

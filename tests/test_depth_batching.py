@@ -1,0 +1,95 @@
+"""Depth-wise continuous batching (issue 16): every row at its own pass, the same tokens as decoding alone.
+
+Rows of a batch halt at different passes; the decoder lets a halted row start its next token while others
+ponder. Each row's greedy tokens and exit passes must equal those of the cached ``forward`` decoding that row
+by itself (A15 K/V reuse included), for gated, ungated and one-pass models.
+"""
+
+import pytest
+import torch
+
+from adaponder.modeling import AdaPonderForCausalLM
+from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan
+from conftest import tiny_config
+from test_cached_inference import calibrate_gates, random_model
+
+
+@torch.no_grad()
+def decode_alone(model, prompt, new_tokens, eos=None):
+    """Reference: the cached forward, one row, lockstep passes."""
+    out = model(prompt[None], use_cache=True)
+    tokens, exits = [int(out.logits[0, -1].argmax())], [int(out.exit_pass[0, -1])]
+    cache = out.cache
+    while len(tokens) < new_tokens and tokens[-1] != eos:
+        step = model(torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
+        cache = step.cache
+        tokens.append(int(step.logits[0, -1].argmax()))
+        exits.append(int(step.exit_pass[0, -1]))
+    return tokens, exits
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_each_row_decodes_as_it_would_alone(seed):
+    model, ids = random_model(seed, halt_per_gate=0.5)
+    prompts = torch.cat([ids, ids.flip(0)])[:, :12]  # 6 rows
+    new = 10
+    res = DepthBatchedDecoder(model).generate(prompts, new)
+    assert res.sequences.shape == (6, 12 + new)
+    assert torch.equal(res.sequences[:, :12], prompts)
+    for b in range(prompts.shape[0]):
+        tokens, exits = decode_alone(model, prompts[b], new)
+        assert res.sequences[b, 12:].tolist() == tokens, f"row {b}"
+        assert res.exit_pass[b].tolist() == exits, f"row {b}"
+    # the ticks computed exactly the token-passes of the generated tokens (after the prefill's first token)
+    assert res.token_passes == int(res.exit_pass[:, 1:].sum())
+
+
+def test_rows_really_run_at_different_passes():
+    model, ids = random_model(5, halt_per_gate=0.5)
+    K = model.config.num_passes
+    res = DepthBatchedDecoder(model).generate(ids[:, :8], 12)
+    assert len(set(res.exit_pass[:, 1:].reshape(-1).tolist())) > 1  # tokens halt at different passes ...
+    assert res.ticks < 11 * K  # ... and a halted row did not wait for the others: fewer ticks than lockstep
+    assert res.ticks >= int(res.exit_pass[:, 1:].sum(1).max())
+
+
+@pytest.mark.parametrize("mode", ["ponderlm", "vanilla"])
+def test_ungated_modes_equal_decoding_alone(mode):
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config(mode, **({"passes": 3} if mode == "ponderlm" else {}))).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (3, 9))
+    res = DepthBatchedDecoder(model).generate(prompts, 6)
+    for b in range(3):
+        tokens, exits = decode_alone(model, prompts[b], 6)
+        assert res.sequences[b, 9:].tolist() == tokens
+        assert res.exit_pass[b].tolist() == exits == [model.config.num_passes] * 6
+    assert res.ticks == 5 * model.config.num_passes  # lockstep: nothing halts early
+
+
+def test_eos_ends_a_row_and_pads_it():
+    model, ids = random_model(1, halt_per_gate=0.3)
+    prompts = ids[:, :10]
+    first = DepthBatchedDecoder(model).generate(prompts, 8)
+    eos = int(first.sequences[0, 12])  # row 0's third generated token
+    res = DepthBatchedDecoder(model).generate(prompts, 8, eos_token_id=eos)
+    for b in range(prompts.shape[0]):
+        tokens, exits = decode_alone(model, prompts[b], 8, eos=eos)
+        n = len(tokens)
+        assert res.sequences[b, 10:10 + n].tolist() == tokens
+        assert (res.sequences[b, 10 + n:] == eos).all() and (res.exit_pass[b, n:] == 0).all()
+        assert res.exit_pass[b, :n].tolist() == exits
+    assert len(decode_alone(model, prompts[0], 8, eos=eos)[0]) == 3
+
+
+def test_runs_group_adjacent_rows_in_step():
+    plan = RowPlan(rows=[0, 1, 2, 4, 5], passes=[1, 1, 2, 2, 2], positions=[7, 7, 7, 7, 7])
+    assert [(c, r, p) for _, c, r, p, _ in plan.runs] == [(2, 0, 1), (1, 2, 2), (2, 4, 2)]
+
+
+def test_bad_arguments_are_named():
+    model = AdaPonderForCausalLM(tiny_config("loop", passes=2)).eval()
+    with pytest.raises(ValueError, match="modes vanilla, ponderlm and adaponder"):
+        DepthBatchedDecoder(model)
+    model = AdaPonderForCausalLM(tiny_config("adaponder")).eval()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        DepthBatchedDecoder(model).generate(torch.zeros(1, 3, dtype=torch.long), 0)
