@@ -11,7 +11,7 @@ import torch
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan
 from conftest import tiny_config
-from test_cached_inference import calibrate_gates, random_model
+from test_cached_inference import random_model
 
 
 @torch.no_grad()
