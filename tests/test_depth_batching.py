@@ -93,3 +93,17 @@ def test_bad_arguments_are_named():
     model = AdaPonderForCausalLM(tiny_config("adaponder")).eval()
     with pytest.raises(ValueError, match="max_new_tokens"):
         DepthBatchedDecoder(model).generate(torch.zeros(1, 3, dtype=torch.long), 0)
+
+
+def test_max_ticks_stops_with_whole_tokens_only():
+    model, ids = random_model(2, halt_per_gate=0.5)
+    prompts = ids[:, :8]
+    full = DepthBatchedDecoder(model).generate(prompts, 12)
+    part = DepthBatchedDecoder(model).generate(prompts, 12, max_ticks=9)
+    assert part.ticks == 9
+    for b in range(prompts.shape[0]):
+        n = int(part.new_tokens[b])
+        assert 1 <= n < 12 and int(part.exit_pass[b, 1:n].sum()) <= 9  # completed tokens fit in the ticks
+        assert part.sequences[b, 8:8 + n].tolist() == full.sequences[b, 8:8 + n].tolist()
+        assert part.exit_pass[b, :n].tolist() == full.exit_pass[b, :n].tolist()
+        assert (part.exit_pass[b, n:] == 0).all()

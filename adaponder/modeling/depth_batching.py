@@ -108,12 +108,14 @@ def _attention_implementation(config, name: str):
 class DepthBatchedOutput:
     """``sequences`` ``[B, T + new]`` (prompt and generated tokens); ``exit_pass`` ``[B, new]`` the pass each
     generated token exited at (the first from the prefill); ``ticks`` stack runs after the prefill;
-    ``token_passes`` the passes they computed summed over rows (ticks × live rows)."""
+    ``token_passes`` the passes they computed summed over rows (ticks × live rows); ``new_tokens`` ``[B]`` how many
+    tokens each row got (fewer than asked after an EOS or ``max_ticks``)."""
 
     sequences: torch.Tensor
     exit_pass: torch.Tensor
     ticks: int
     token_passes: int
+    new_tokens: torch.Tensor
 
 
 class DepthBatchedDecoder:
@@ -132,9 +134,11 @@ class DepthBatchedDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
-                 prefill=None) -> DepthBatchedOutput:
+                 prefill=None, max_ticks: int | None = None) -> DepthBatchedOutput:
         """``prefill``: the output of ``model(input_ids, use_cache=True)`` when the caller already ran it (a
-        benchmark timing prefill and decoding apart); its cache is copied, not changed."""
+        benchmark timing prefill and decoding apart); its cache is copied, not changed. ``max_ticks``: stop after
+        that many ticks (tokens still in flight are dropped) — a server's steady state, where a finished row's
+        slot is refilled at once, measured without the tail of a batch whose last rows finish alone."""
         model, cfg = self.model, self.model.config
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
@@ -156,7 +160,7 @@ class DepthBatchedDecoder:
         kv = TickKV(keys, values)
         ticks = token_passes = 0
         with _attention_implementation(cfg, ROW_ATTENTION):
-            while live:
+            while live and (max_ticks is None or ticks < max_ticks):
                 plan = RowPlan(live, passes, positions)
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
                 kv.index = (pass_t - 1, rows_t, slice(None), pos_t)
@@ -205,7 +209,8 @@ class DepthBatchedDecoder:
         fill = eos_token_id if eos_token_id is not None else 0
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
         ex = torch.tensor([d + [0] * (max_new_tokens - len(d)) for d in exits], device=device)
-        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes)
+        count = _index([len(t) for t in tokens], device)
+        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes, count)
 
     # -- pieces of a tick -------------------------------------------------------------------------------------
     @staticmethod
