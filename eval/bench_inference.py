@@ -205,14 +205,18 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
     device = prompt.device
     warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
     model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
-    t_pre, out = timed(lambda: model(prompt, use_cache=True), repeats, device)
-    # Depth-batched decoding from the same prefill (its cache is copied, not changed), in steady state: as many
-    # ticks (stack runs) as lockstep decoding with halting off makes in new_tokens steps, counting the tokens
-    # completed in them (a server refills a finished row's slot; see DepthBatchedDecoder.generate).
-    K = model.config.num_passes
+    # The prefill fills a cache in the depth-batched decoder's layout, with room for both decodings below.
+    decoder, K = DepthBatchedDecoder(model), model.config.num_passes
+    capacity = prompt.shape[1] + new_tokens * K + 2
+    t_pre, out = timed(lambda: model(prompt, cache=decoder.new_cache(prompt.shape[0], capacity), use_cache=True),
+                       repeats, device)
+    # Depth-batched decoding from that prefill, in steady state: as many ticks (stack runs) as lockstep decoding
+    # with halting off makes in new_tokens steps, counting the tokens completed in them (a server refills a
+    # finished row's slot; see DepthBatchedDecoder.generate). It writes only positions after the prompt, which
+    # the lockstep loop then overwrites as it goes.
     _sync(device)
     t0 = time.perf_counter()
-    depth = DepthBatchedDecoder(model).generate(prompt, new_tokens * K + 1, prefill=out, max_ticks=new_tokens * K)
+    depth = decoder.generate(prompt, new_tokens * K + 1, prefill=out, max_ticks=new_tokens * K)
     _sync(device)
     t_depth = time.perf_counter() - t0
     depth_exits = depth.exit_pass[:, 1:]

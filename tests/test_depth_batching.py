@@ -107,3 +107,26 @@ def test_max_ticks_stops_with_whole_tokens_only():
         assert part.sequences[b, 8:8 + n].tolist() == full.sequences[b, 8:8 + n].tolist()
         assert part.exit_pass[b, :n].tolist() == full.exit_pass[b, :n].tolist()
         assert (part.exit_pass[b, n:] == 0).all()
+
+
+def test_prefill_fills_the_decoders_layout_without_a_copy():
+    model, ids = random_model(3, halt_per_gate=0.5)
+    dec = DepthBatchedDecoder(model)
+    prompts = ids[:, :10]
+    cache = dec.new_cache(prompts.shape[0], 10 + 6)
+    with torch.no_grad():
+        out = model(prompts, cache=cache, use_cache=True)
+    assert dec._layout(out.cache, 16) is cache.pass_buffers  # every (pass, layer) was written in place
+    with torch.no_grad():
+        reference = model(prompts, use_cache=True)  # an ordinary cache: same K/V
+    for p in range(1, model.config.num_passes + 1):
+        for layer in range(model.config.num_hidden_layers):
+            for a, b in zip(out.cache.view(p, layer), reference.cache.view(p, layer)):
+                torch.testing.assert_close(a, b)
+    with_prefill = dec.generate(prompts, 6, prefill=out)
+    assert torch.equal(with_prefill.sequences, dec.generate(prompts, 6).sequences)
+    # lockstep decoding from a cache in this layout appends in place while there is room
+    with torch.no_grad():
+        step = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
+    assert step.cache.view(1, 0)[0].data_ptr() == cache.pass_buffers[0][0][0].data_ptr()
+    assert step.cache.get_seq_length() == 11

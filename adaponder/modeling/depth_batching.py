@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from .ponder_cache import PonderCache
+from .ponder_cache import PonderCache, starts_at
 
 ROW_ATTENTION = "adaponder_rows"
 
@@ -136,7 +136,8 @@ class DepthBatchedDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
                  prefill=None, max_ticks: int | None = None) -> DepthBatchedOutput:
         """``prefill``: the output of ``model(input_ids, use_cache=True)`` when the caller already ran it (a
-        benchmark timing prefill and decoding apart); its cache is copied, not changed. ``max_ticks``: stop after
+        benchmark timing prefill and decoding apart); a cache from :meth:`new_cache` is decoded in place, any other
+        is copied. ``max_ticks``: stop after
         that many ticks (tokens still in flight are dropped) — a server's steady state, where a finished row's
         slot is refilled at once, measured without the tail of a batch whose last rows finish alone."""
         model, cfg = self.model, self.model.config
@@ -145,9 +146,12 @@ class DepthBatchedDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         batch, length = input_ids.shape
-        K, L = cfg.num_passes, cfg.num_hidden_layers
-        out = prefill if prefill is not None else model(input_ids, use_cache=True)  # the cached forward (A16)
-        keys, values = self._buffers(out.cache, K, L, length + max_new_tokens)
+        K = cfg.num_passes
+        room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
+        if prefill is None:  # the cached forward (A16), writing straight into the decoder's layout
+            prefill = model(input_ids, cache=self.new_cache(batch, length + room, input_ids.device), use_cache=True)
+        out = prefill
+        keys, values = self._layout(out.cache, length + room)
         device = input_ids.device
         tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
         exits = [[d] for d in out.exit_pass[:, -1].tolist()]
@@ -266,21 +270,36 @@ class DepthBatchedDecoder:
         for buf in itertools.chain(keys, values):
             buf[dst - 1, row, :, pos] = buf[src - 1, row, :, pos]
 
-    @staticmethod
-    def _buffers(cache: PonderCache, K: int, L: int, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The prefill cache moved into one ``[K, B, heads, capacity, hd]`` buffer per layer for keys and values."""
-        keys, values = [], []
+    def new_cache(self, batch: int, capacity: int, device=None) -> PonderCache:
+        """An empty :class:`PonderCache` in the decoder's layout (one ``[K, B, heads, capacity, hd]`` buffer per layer
+        for keys and values) for the prefill to fill: decoding then starts without copying the cache. Lockstep
+        decoding (the cached ``forward``) can use it too while it has room."""
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        shape = (cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
+        param = next(self.model.parameters())
+        device = param.device if device is None else device
+        new = lambda: torch.empty(shape, dtype=param.dtype, device=device)  # noqa: E731
+        return PonderCache.with_buffers([new() for _ in range(cfg.num_hidden_layers)],
+                                        [new() for _ in range(cfg.num_hidden_layers)])
+
+    def _layout(self, cache: PonderCache, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The per-layer ``[K, B, heads, capacity, hd]`` buffers holding the prefill's K/V: those of a cache from
+        :meth:`new_cache` when every (pass, layer) still lives in them, else a copy."""
+        cfg = self.model.config
+        K, L = cfg.num_passes, cfg.num_hidden_layers
+        if cache.pass_buffers is not None and cache.pass_buffers[0][0].shape[3] >= capacity and all(
+                starts_at(cache.view(p + 1, layer)[i], buf[layer][p])
+                for p in range(K) for layer in range(L) for i, buf in enumerate(cache.pass_buffers)):
+            return cache.pass_buffers
+        k0 = cache.view(1, 0)[0]
+        fresh = self.new_cache(k0.shape[0], capacity, k0.device).pass_buffers
         for layer in range(L):
-            k0, _ = cache.view(1, layer)
-            b, heads, t, hd = k0.shape
-            kb, vb = (k0.new_empty(K, b, heads, capacity, hd) for _ in range(2))
-            for p in range(1, K + 1):
-                k, v = cache.view(p, layer)
-                kb[p - 1, :, :, :t].copy_(k)
-                vb[p - 1, :, :, :t].copy_(v)
-            keys.append(kb)
-            values.append(vb)
-        return keys, values
+            for p in range(K):
+                for i, buf in enumerate(fresh):
+                    t = cache.view(p + 1, layer)[i]
+                    buf[layer][p, :, :, :t.shape[2]].copy_(t)
+        return fresh
 
 
 __all__ = ["DepthBatchedDecoder", "DepthBatchedOutput", "ROW_ATTENTION", "row_attention"]

@@ -18,6 +18,12 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+def starts_at(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether ``view`` begins where ``base`` does, in the same storage (``data_ptr`` is 0 for an empty view)."""
+    return (view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+            and view.storage_offset() == base.storage_offset())
+
+
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` whose ``keys``/``values`` are views of buffers with room to grow along the sequence.
 
@@ -35,7 +41,7 @@ class GrowingLayer(DynamicLayer):
     def _own_view(self) -> bool:
         if self._buffers is None or self.keys is None:
             return False
-        return all(t.data_ptr() == b.data_ptr() and t.stride() == b.stride() and t.shape[:2] == b.shape[:2]
+        return all(starts_at(t, b) and t.stride() == b.stride() and t.shape[:2] == b.shape[:2]
                    for t, b in zip((self.keys, self.values), self._buffers))
 
     def slots(self, like: torch.Tensor, new: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,6 +62,13 @@ class GrowingLayer(DynamicLayer):
         k, v = self._buffers
         self.keys, self.values = k[:, :, :need], v[:, :, :need]
         return k[:, :, length:need], v[:, :, length:need]
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Use ``keys``/``values`` ``[B, heads, capacity, hd]`` (e.g. views of a larger buffer) as the room to fill,
+        empty for now: writes go into them in place until ``capacity`` positions are used."""
+        self.device, self.is_initialized = keys.device, True
+        self._buffers = (keys, values)
+        self.keys, self.values = keys[:, :, :0], values[:, :, :0]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         k, v = self.slots(key_states, key_states.shape[-2])
@@ -82,6 +95,20 @@ class PonderCache(Cache):
         super().__init__(layers=[GrowingLayer() for _ in range(num_passes * num_layers)])
         self.num_passes = num_passes
         self.num_layers = num_layers
+        self.pass_buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # see with_buffers
+
+    @classmethod
+    def with_buffers(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "PonderCache":
+        """An empty cache that fills the given storage in place: ``keys[l]``/``values[l]`` of shape
+        ``[K, B, heads, capacity, hd]`` hold layer ``l`` of every pass (the layout of depth-batched decoding, which
+        then reads the prefill's K/V without a copy)."""
+        num_passes, num_layers = keys[0].shape[0], len(keys)
+        cache = cls(num_passes, num_layers)
+        for p in range(num_passes):
+            for layer in range(num_layers):
+                cache.pass_layer(p + 1, layer).adopt(keys[layer][p], values[layer][p])
+        cache.pass_buffers = (keys, values)
+        return cache
 
     def pass_layer(self, pass_idx: int, layer_idx: int) -> GrowingLayer:
         return self.layers[(pass_idx - 1) * self.num_layers + layer_idx]
@@ -97,7 +124,7 @@ class PonderCache(Cache):
     def append(self, pass_idx: int, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
         """Append the new tokens' aligned K/V; returns the full cached K/V of that (pass, layer)."""
         layer = self.pass_layer(pass_idx, layer_idx)
-        if layer.get_seq_length() == 0:
+        if layer.get_seq_length() == 0 and layer._buffers is None:
             # First write: keep the tensors instead of copying them (passes may share one tensor, a halted
             # token's reused K/V); the first append after it adopts them into a buffer.
             layer.lazy_initialization(keys, values)
