@@ -26,7 +26,6 @@ modes ``vanilla``, ``ponderlm`` and ``adaponder``.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from dataclasses import dataclass
 
@@ -34,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .modeling_adaponder import _attention_implementation
 from .ponder_cache import PonderCache, starts_at
+from .pondering import embed_probs
 
 ROW_ATTENTION = "adaponder_rows"
 
@@ -92,16 +93,6 @@ class TickKV:
         self.keys[layer_idx][self.index] = key[:, :, 0]
         self.values[layer_idx][self.index] = value[:, :, 0]
         return self.keys[layer_idx], self.values[layer_idx]
-
-
-@contextlib.contextmanager
-def _attention_implementation(config, name: str):
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
 
 
 @dataclass
@@ -254,8 +245,8 @@ class DepthBatchedDecoder:
         """e = α·softmax(z)·W_E (A4) from logits already computed (the head product is shared with the exit)."""
         model = self.model
         w_emb = model.gpt_neox.embed_in.weight
-        probs = torch.softmax(z.float(), dim=-1)
-        e = probs.to(torch.promote_types(z.dtype, w_emb.dtype)) @ w_emb.to(torch.promote_types(z.dtype, w_emb.dtype))
+        dtype = torch.promote_types(z.dtype, w_emb.dtype)
+        e = embed_probs(torch.softmax(z.float(), dim=-1).to(dtype), w_emb.to(dtype))
         alpha = model.config.embedding_scale
         return e * alpha if alpha != 1.0 else e
 

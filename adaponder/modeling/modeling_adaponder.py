@@ -10,6 +10,7 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -17,14 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import GenerationMixin, GPTNeoXModel, PreTrainedModel
+from transformers import AttentionInterface, GenerationMixin, GPTNeoXModel, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.gpt_neox.modeling_gpt_neox import eager_attention_forward
 
 from .configuration_adaponder import AdaPonderConfig
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
-from .pondering import linear_cross_entropy, pondering_from_hidden
+from .pondering import linear_cross_entropy, pondering_from_hidden, skinny_linear
 
 _GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
@@ -72,6 +75,15 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     pass_logits: tuple[torch.Tensor, ...] | None = None
 
 
+class SkinnyLinear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
+    run by blocks of the weight on the CPU, where MKL's own GEMV is slow (:func:`~.pondering.skinny`). Used for the
+    output head, the gates' input layers and, retyped in place, the backbone layers' linear maps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, self.weight, self.bias)
+
+
 class GateOutput(nn.Linear):
     """The gate's last layer, a type of its own so weight init can start it at s ≈ 1 (A5)."""
 
@@ -96,7 +108,7 @@ class PonderGate(nn.Module):
     def __init__(self, config: AdaPonderConfig):
         super().__init__()
         width = config.gate_hidden_mult * config.hidden_size
-        self.fc_in = nn.Linear(config.hidden_size, width)
+        self.fc_in = SkinnyLinear(config.hidden_size, width)
         self.act = _GATE_ACTS[config.gate_activation]()
         self.fc_out = GateOutput(width, 1)
 
@@ -176,6 +188,37 @@ def _attention_mask(
     return allowed
 
 
+PACKED_ATTENTION = "adaponder_packed"
+
+
+def packed_attention(module, query, key, value, attention_mask, ponder_subset: TokenSubset, ponder_impl: str,
+                     **kwargs):
+    """Attention of a compacted pass, whose projections ran on its N active tokens flat (``query``
+    ``[1, heads, N, hd]``): the queries go to their rows' packed layout ``[R, heads, Tq, hd]`` (zeros in the padding
+    slots), attend to those rows' K/V (``key``/``value`` ``[R, heads, S, hd]``, from :class:`KVAligner`) under the
+    pass's mask with the model's own attention implementation ``ponder_impl``, and come back flat,
+    ``[1, N, heads, hd]``. Routed here through ``AttentionInterface`` while the pass runs."""
+    s, heads, hd = ponder_subset, query.shape[1], query.shape[3]
+    q = s.pad(query[0].transpose(0, 1)).transpose(1, 2)  # [N, heads, hd] → [R, Tq, heads, hd] → [R, heads, Tq, hd]
+    inner = ALL_ATTENTION_FUNCTIONS.get_interface(ponder_impl, eager_attention_forward)
+    out, _ = inner(module, q, key, value, attention_mask, **kwargs)  # [R, Tq, heads, hd]
+    return s.unpad(out.reshape(*s.token.shape, heads, hd))[None], None
+
+
+AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+
+
+@contextlib.contextmanager
+def _attention_implementation(config, name: str):
+    """Route the layers' attention to ``name`` for the duration (transformers looks it up in the config per call)."""
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
 class AdaPonderPreTrainedModel(PreTrainedModel):
     config_class = AdaPonderConfig
     config: AdaPonderConfig
@@ -223,6 +266,12 @@ class PythiaBackbone(GPTNeoXModel):
 
     config_class = AdaPonderConfig
 
+    def __init__(self, config: AdaPonderConfig):
+        super().__init__(config)
+        for module in self.layers.modules():  # same parameters; a decode step's one-row products run blocked
+            if type(module) is nn.Linear:
+                module.__class__ = SkinnyLinear
+
     @torch.no_grad()
     def _init_weights(self, module):
         if self.config.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding)):
@@ -261,7 +310,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
     def __init__(self, config: AdaPonderConfig):
         super().__init__(config)
         self.gpt_neox = PythiaBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = SkinnyLinear(config.hidden_size, config.vocab_size, bias=False)
         n_gates = config.num_passes - 1 if config.gated else 0
         self.gates = nn.ModuleList([PonderGate(config) for _ in range(n_gates)])
         self.pause_embeddings = PauseEmbeddings(config.num_pauses, config.hidden_size) if config.num_pauses else None
@@ -576,30 +625,34 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         """
         aligner = aligner if aligner is not None else KVAligner(self.config.num_hidden_layers, None)
         cos, sin = ctx.rope
+        attention = contextlib.nullcontext()
         if subset is not None:
-            hidden = subset.pack(E)
-            rope = (subset.pack(cos), subset.pack(sin))
+            # Compacted pass (A16): projections and MLPs run on the N active tokens flat, [1, N, d], so no padding
+            # slot of the packed [R, Tq] layout costs a GEMM row; only attention regroups them by row.
+            hidden = subset.gather(E)[None]
+            rope = (subset.gather(cos)[None], subset.gather(sin)[None])
             kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
             mask = _attention_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
+            extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}
+            attention = _attention_implementation(self.config, PACKED_ATTENTION)
         else:
-            hidden, mask, rope = E, ctx.full_mask, ctx.rope
+            hidden, mask, rope, extra = E, ctx.full_mask, ctx.rope, {}
 
         def stack(h):
             # Set inside, so that a checkpointed pass recomputed during backward sees its own pass state.
             aligner.begin_pass(pass_idx, active, subset)
             h = self.gpt_neox.emb_dropout(h)
             for layer in self.gpt_neox.layers:
-                h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope)
+                h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope, **extra)
             return h
 
-        if self.pass_checkpointing and self.training and torch.is_grad_enabled():
-            hidden = checkpoint(stack, hidden, use_reentrant=False)
-        else:
-            hidden = stack(hidden)
+        with attention:
+            if self.pass_checkpointing and self.training and torch.is_grad_enabled():
+                hidden = checkpoint(stack, hidden, use_reentrant=False)
+            else:
+                hidden = stack(hidden)
         out = self.gpt_neox.final_layer_norm(hidden)
-        if subset is None:
-            return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
-        return subset.unpack(out), subset.unpack(hidden)
+        return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
 
     def _ponder_update(self, E, h_flat, s, next_active, subset, going_on, grad):
         """``E^i = E^{i-1} + m^{i+1}·s^i·e^i`` (A7) with ``e^i = softmax(W_out h^i)·Ẽ`` (A4).

@@ -147,11 +147,12 @@ class PonderCache(Cache):
 
 @dataclass
 class TokenSubset:
-    """Still-active tokens of a ``[B, T]`` chunk packed into ``[R, Tq]`` (rows that have any, left-aligned).
+    """Still-active tokens of a ``[B, T]`` chunk: flat (``b_idx``/``t_idx``, row-major, the layout a compacted pass's
+    projections and MLPs run in) and packed into ``[R, Tq]`` (rows that have any, left-aligned: the layout of its
+    attention, which reads each row's own K/V).
 
     ``rows[r]`` is the batch row of packed row ``r``; ``token[r, j]`` the position in the chunk of its
     ``j``-th active token (rows shorter than ``Tq`` are padded; padding slots are computed and dropped).
-    ``b_idx``/``t_idx`` list the active tokens in row-major order, the order :meth:`unpack` returns.
     Built with one host synchronisation (three counts); every index after that has a size known on the host,
     so no later step waits for the device.
     """
@@ -183,11 +184,17 @@ class TokenSubset:
     def all_rows(self) -> bool:
         return self.rows.numel() == self.batch_size
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, T, ...]`` → ``[R, Tq, ...]``."""
-        return x[self.rows[:, None], self.token]
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, ...]`` → ``[N, ...]``: the tokens in ``b_idx``/``t_idx`` order."""
+        return x[self.b_idx, self.t_idx]
 
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:
+        """``[N, ...]`` → ``[R, Tq, ...]``, zeros in the padding slots."""
+        if self.slot is not None:
+            flat = flat.new_zeros(self.token.numel(), *flat.shape[1:]).index_copy_(0, self.slot, flat)
+        return flat.reshape(*self.token.shape, *flat.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """``[R, Tq, ...]`` → ``[N, ...]``: the tokens' rows in ``b_idx``/``t_idx`` order, padding dropped."""
         flat = x.reshape(-1, *x.shape[2:])
         return flat if self.slot is None else flat.index_select(0, self.slot)
@@ -224,16 +231,20 @@ class KVAligner:
                 del self.fresh[key]
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """``key``/``value``: ``[B, heads, T, hd]``, or ``[1, heads, N, hd]`` for the N active tokens of a compacted
+        pass (``subset`` set), whose K/V are then those of the subset's rows (its attention's packed layout)."""
         i, s = self.pass_idx, self.subset
         prev = self.fresh.get((i - 1, layer_idx))
+        if s is not None:
+            key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [N, heads, hd]
         if self.cache is not None and not torch.is_grad_enabled():
             k_new, v_new = self.cache.slots(i, layer_idx, prev[0] if s is not None else key)
             if s is not None:
                 # Only active tokens were computed: the previous pass's aligned K/V, theirs scattered over it.
                 k_new.copy_(prev[0])
                 v_new.copy_(prev[1])
-                k_new[s.b_idx, :, s.t_idx] = s.unpack(key.transpose(1, 2))
-                v_new[s.b_idx, :, s.t_idx] = s.unpack(value.transpose(1, 2))
+                k_new[s.b_idx, :, s.t_idx] = key
+                v_new[s.b_idx, :, s.t_idx] = value
             elif prev is not None and self.active is not None:
                 m = self.active[:, None, :, None]
                 torch.where(m, key, prev[0], out=k_new)
@@ -245,8 +256,8 @@ class KVAligner:
         else:
             if s is not None:
                 k_new, v_new = prev[0].clone(), prev[1].clone()
-                k_new[s.b_idx, :, s.t_idx] = s.unpack(key.transpose(1, 2))
-                v_new[s.b_idx, :, s.t_idx] = s.unpack(value.transpose(1, 2))
+                k_new[s.b_idx, :, s.t_idx] = key
+                v_new[s.b_idx, :, s.t_idx] = value
             elif prev is not None and self.active is not None:
                 m = self.active[:, None, :, None]
                 k_new, v_new = torch.where(m, key, prev[0]), torch.where(m, value, prev[1])
