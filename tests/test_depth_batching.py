@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan
+from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan, TickGates
 from conftest import tiny_config
 from test_cached_inference import random_model
 
@@ -86,6 +86,20 @@ def test_runs_group_adjacent_rows_in_step():
     assert [(c, r, p) for _, c, r, p, _ in plan.runs] == [(2, 0, 1), (1, 2, 2), (2, 4, 2)]
 
 
+def test_tick_gates_give_each_row_the_gate_of_its_own_pass():
+    model, _ = random_model(0, halt_per_gate=0.5)
+    K = model.config.num_passes
+    h = torch.randn(7, model.config.hidden_size)
+    passes = [min(p, K) for p in (3, 1, 4, 2, 1, 3, 2)]  # several passes, K among them
+    with torch.no_grad():
+        s = TickGates(model.gates)(h, passes)
+        for i, p in enumerate(passes):
+            want = model.gates[p - 1](h[i:i + 1])[0] if p < K else torch.tensor(0.0)
+            torch.testing.assert_close(s[i], want)
+        same = TickGates(model.gates)(h, [1] * 7)  # one pass: that gate alone
+        torch.testing.assert_close(same, model.gates[0](h))
+
+
 def test_bad_arguments_are_named():
     model = AdaPonderForCausalLM(tiny_config("loop", passes=2)).eval()
     with pytest.raises(ValueError, match="modes vanilla, ponderlm and adaponder"):
@@ -128,5 +142,5 @@ def test_prefill_fills_the_decoders_layout_without_a_copy():
     # lockstep decoding from a cache in this layout appends in place while there is room
     with torch.no_grad():
         step = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
-    assert step.cache.view(1, 0)[0].data_ptr() == cache.pass_buffers[0][0][0].data_ptr()
+    assert step.cache.view(1, 0)[0].data_ptr() == cache.pass_buffers[0, 0, 0].data_ptr()
     assert step.cache.get_seq_length() == 11

@@ -82,17 +82,46 @@ def _index(values, device) -> torch.Tensor:
 
 
 class TickKV:
-    """The ``layer_past`` of a tick: writes each row's new K/V at (its pass, its position) and hands the
-    layer's whole buffers to :func:`row_attention`."""
+    """The ``layer_past`` of a tick: writes each row's new K/V at (its pass, its position) — keys and values in one
+    indexed write — and hands the layer's whole buffers to :func:`row_attention`."""
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
-        self.keys, self.values = keys, values
-        self.index: tuple[torch.Tensor, torch.Tensor, slice, torch.Tensor] | None = None
+    def __init__(self, kv: torch.Tensor):
+        self.kv = kv  # [layers, 2, K, B, heads, capacity, hd]
+        self.index: tuple | None = None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self.keys[layer_idx][self.index] = key[:, :, 0]
-        self.values[layer_idx][self.index] = value[:, :, 0]
-        return self.keys[layer_idx], self.values[layer_idx]
+        layer = self.kv[layer_idx]
+        layer[self.index] = torch.stack((key[:, :, 0], value[:, :, 0]), 1)  # [n, 2, heads, hd]
+        return layer[0], layer[1]
+
+
+class TickGates:
+    """The iteration-specific gates (A5) of a tick whose rows sit at different passes: the rows are put in pass order
+    by one gather, each gate runs on its contiguous slice (no more rows than it needs), and one more gather puts the
+    values back in row order. A tick whose rows share one pass calls that gate alone."""
+
+    def __init__(self, gates):
+        self.gates = gates
+
+    def __call__(self, h: torch.Tensor, passes: list[int]) -> torch.Tensor:
+        """s of each row of ``h`` ``[n, d]`` at its pass (``passes``, 1-based, on the host); 0 past the last gate
+        (pass K: the row halts anyway)."""
+        n, G = h.shape[0], len(self.gates)
+        first = passes[0]
+        if all(p == first for p in passes):
+            return self.gates[first - 1](h) if first <= G else h.new_zeros(n, dtype=torch.float32)
+        order = sorted(range(n), key=passes.__getitem__)
+        sorted_h = h.index_select(0, _index(order, h.device))
+        parts, start = [], 0
+        for p, group in itertools.groupby(passes[i] for i in order):
+            count = sum(1 for _ in group)
+            part = sorted_h[start:start + count]
+            parts.append(self.gates[p - 1](part) if p <= G else part.new_zeros(count, dtype=torch.float32))
+            start += count
+        back = [0] * n
+        for j, i in enumerate(order):
+            back[i] = j
+        return torch.cat(parts).index_select(0, _index(back, h.device))
 
 
 @dataclass
@@ -142,7 +171,8 @@ class DepthBatchedDecoder:
         if prefill is None:  # the cached forward (A16), writing straight into the decoder's layout
             prefill = model(input_ids, cache=self.new_cache(batch, length + room, input_ids.device), use_cache=True)
         out = prefill
-        keys, values = self._layout(out.cache, length + room)
+        kv = TickKV(self._layout(out.cache, length + room))
+        gates = TickGates(model.gates) if len(model.gates) else None
         device = input_ids.device
         tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
         exits = [[d] for d in out.exit_pass[:, -1].tolist()]
@@ -152,18 +182,17 @@ class DepthBatchedDecoder:
         positions = [length] * len(live)
         embed = model.gpt_neox.embed_in
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
-        kv = TickKV(keys, values)
         ticks = token_passes = 0
         with _attention_implementation(cfg, ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
                 plan = RowPlan(live, passes, positions)
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-                kv.index = (pass_t - 1, rows_t, slice(None), pos_t)
+                kv.index = (slice(None), pass_t - 1, rows_t, slice(None), pos_t)
                 h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
                 ticks += 1
                 token_passes += len(live)
 
-                s = self._gates(h, passes)  # [n] float, or None when no gate can halt
+                s = None if gates is None else gates(h, passes)  # [n] float (A5)
                 halt = pass_t >= K if s is None else (pass_t >= K) | (s < cfg.halting_threshold)  # A6
                 z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
                 nxt = z.argmax(-1)
@@ -177,7 +206,7 @@ class DepthBatchedDecoder:
                         e = e * s.index_select(0, idx).to(e.dtype)[:, None]
                     E = E.index_add(0, idx, e.to(E.dtype))
                 stopped = [i for i, stop in enumerate(halt_h) if stop]
-                self._carry_forward(keys, values, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
+                self._carry_forward(kv.kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
                 keep, new_rows, new_tokens = [], [], []
                 for i, b in enumerate(live):
@@ -226,21 +255,6 @@ class DepthBatchedDecoder:
             hidden = layer(hidden, attention_mask=None, layer_past=kv, position_embeddings=rope, ponder_rows=plan)
         return neox.final_layer_norm(hidden)[:, 0]
 
-    def _gates(self, h: torch.Tensor, passes: list[int]) -> torch.Tensor | None:
-        """s^i of each row's pass (A5); rows at pass K get 0 (they halt anyway). Rows are grouped by pass, one
-        gate call per distinct pass. None when the model has no gates."""
-        gates = self.model.gates
-        if not len(gates):
-            return None
-        s = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
-        order = sorted(range(len(passes)), key=passes.__getitem__)
-        for p, group in itertools.groupby(order, key=passes.__getitem__):
-            if p > len(gates):
-                continue
-            idx = _index(list(group), h.device)
-            s.index_copy_(0, idx, gates[p - 1](h.index_select(0, idx)))
-        return s
-
     def _pondering(self, z: torch.Tensor) -> torch.Tensor:
         """e = α·softmax(z)·W_E (A4) from logits already computed (the head product is shared with the exit)."""
         model = self.model
@@ -251,46 +265,44 @@ class DepthBatchedDecoder:
         return e * alpha if alpha != 1.0 else e
 
     @staticmethod
-    def _carry_forward(keys, values, halted: list[tuple[int, int, int]], K: int, device) -> None:
-        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy per layer
-        for all rows that halted in this tick."""
+    def _carry_forward(kv: torch.Tensor, halted: list[tuple[int, int, int]], K: int, device) -> None:
+        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy, every layer's
+        keys and values, for all rows that halted in this tick."""
         pairs = [(row, d, j, pos) for row, d, pos in halted for j in range(d + 1, K + 1)]
         if not pairs:
             return
         row, src, dst, pos = (_index(c, device) for c in zip(*pairs))
-        for buf in itertools.chain(keys, values):
-            buf[dst - 1, row, :, pos] = buf[src - 1, row, :, pos]
+        kv[:, :, dst - 1, row, :, pos] = kv[:, :, src - 1, row, :, pos]
 
     def new_cache(self, batch: int, capacity: int, device=None) -> PonderCache:
-        """An empty :class:`PonderCache` in the decoder's layout (one ``[K, B, heads, capacity, hd]`` buffer per layer
-        for keys and values) for the prefill to fill: decoding then starts without copying the cache. Lockstep
+        """An empty :class:`PonderCache` in the decoder's layout (one ``[layers, 2, K, B, heads, capacity, hd]`` tensor
+        of keys and values) for the prefill to fill: decoding then starts without copying the cache. Lockstep
         decoding (the cached ``forward``) can use it too while it has room."""
         cfg = self.model.config
         heads = cfg.num_attention_heads
-        shape = (cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
+        shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
         param = next(self.model.parameters())
         device = param.device if device is None else device
-        new = lambda: torch.empty(shape, dtype=param.dtype, device=device)  # noqa: E731
-        return PonderCache.with_buffers([new() for _ in range(cfg.num_hidden_layers)],
-                                        [new() for _ in range(cfg.num_hidden_layers)])
+        return PonderCache.with_buffers(torch.empty(shape, dtype=param.dtype, device=device))
 
-    def _layout(self, cache: PonderCache, capacity: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The per-layer ``[K, B, heads, capacity, hd]`` buffers holding the prefill's K/V: those of a cache from
-        :meth:`new_cache` when every (pass, layer) still lives in them, else a copy."""
+    def _layout(self, cache: PonderCache, capacity: int) -> torch.Tensor:
+        """The ``[layers, 2, K, B, heads, capacity, hd]`` tensor holding the prefill's K/V: that of a cache from
+        :meth:`new_cache` when every (pass, layer) still lives in it, else a copy."""
         cfg = self.model.config
         K, L = cfg.num_passes, cfg.num_hidden_layers
-        if cache.pass_buffers is not None and cache.pass_buffers[0][0].shape[3] >= capacity and all(
-                starts_at(cache.view(p + 1, layer)[i], buf[layer][p])
-                for p in range(K) for layer in range(L) for i, buf in enumerate(cache.pass_buffers)):
-            return cache.pass_buffers
+        kv = cache.pass_buffers
+        if kv is not None and kv.shape[5] >= capacity and all(
+                starts_at(cache.view(p + 1, layer)[i], kv[layer, i, p])
+                for p in range(K) for layer in range(L) for i in range(2)):
+            return kv
         k0 = cache.view(1, 0)[0]
         fresh = self.new_cache(k0.shape[0], capacity, k0.device).pass_buffers
         for layer in range(L):
             for p in range(K):
-                for i, buf in enumerate(fresh):
+                for i in range(2):
                     t = cache.view(p + 1, layer)[i]
-                    buf[layer][p, :, :, :t.shape[2]].copy_(t)
+                    fresh[layer, i, p, :, :, :t.shape[2]].copy_(t)
         return fresh
 
 
-__all__ = ["DepthBatchedDecoder", "DepthBatchedOutput", "ROW_ATTENTION", "row_attention"]
+__all__ = ["DepthBatchedDecoder", "DepthBatchedOutput", "TickGates", "ROW_ATTENTION", "row_attention"]

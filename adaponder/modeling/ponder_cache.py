@@ -95,19 +95,20 @@ class PonderCache(Cache):
         super().__init__(layers=[GrowingLayer() for _ in range(num_passes * num_layers)])
         self.num_passes = num_passes
         self.num_layers = num_layers
-        self.pass_buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # see with_buffers
+        self.pass_buffers: torch.Tensor | None = None  # see with_buffers
 
     @classmethod
-    def with_buffers(cls, keys: list[torch.Tensor], values: list[torch.Tensor]) -> "PonderCache":
-        """An empty cache that fills the given storage in place: ``keys[l]``/``values[l]`` of shape
-        ``[K, B, heads, capacity, hd]`` hold layer ``l`` of every pass (the layout of depth-batched decoding, which
-        then reads the prefill's K/V without a copy)."""
-        num_passes, num_layers = keys[0].shape[0], len(keys)
+    def with_buffers(cls, kv: torch.Tensor) -> "PonderCache":
+        """An empty cache that fills the given storage in place: ``kv`` ``[layers, 2, K, B, heads, capacity, hd]``
+        holds the keys (``kv[l, 0]``) and values (``kv[l, 1]``) of every layer and pass — the layout of depth-batched
+        decoding, which then reads the prefill's K/V without a copy and moves any entries of all layers in one
+        indexed operation."""
+        num_layers, _, num_passes = kv.shape[:3]
         cache = cls(num_passes, num_layers)
         for p in range(num_passes):
             for layer in range(num_layers):
-                cache.pass_layer(p + 1, layer).adopt(keys[layer][p], values[layer][p])
-        cache.pass_buffers = (keys, values)
+                cache.pass_layer(p + 1, layer).adopt(kv[layer, 0, p], kv[layer, 1, p])
+        cache.pass_buffers = kv
         return cache
 
     def pass_layer(self, pass_idx: int, layer_idx: int) -> GrowingLayer:
