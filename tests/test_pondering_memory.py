@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from adaponder.modeling.pondering import pondering_from_hidden
+from adaponder.modeling.pondering import pondering_from_hidden, pondering_from_logits
 
 
 @pytest.mark.parametrize("recompute", [True, False])
@@ -22,6 +22,23 @@ def test_chunked_pondering_matches_naive_autograd(chunk, tied, recompute):
     torch.testing.assert_close(ours, naive)
     for a, b in zip(grads, ref):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_pondering_from_logits_is_the_tail_of_pondering_from_hidden(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    h, w_out, w_emb = (torch.randn(*shape, generator=g).to(dtype) for shape in ((rows, 16), (300, 16), (300, 16)))
+    z = h @ w_out.t()
+    want = (torch.softmax(z.float(), -1) @ w_emb.float()) * 0.5
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(pondering_from_logits(z.clone(), w_emb, 0.5).float(), want, **tol)
+        torch.testing.assert_close(pondering_from_hidden(h, w_out, w_emb, 0.5).float(), want, **tol)
+    if dtype == torch.float32:  # in place: the logits become the probabilities
+        zc = z.clone()
+        pondering_from_logits(zc, w_emb, 0.5, in_place=True)
+        torch.testing.assert_close(zc, torch.softmax(z, -1))
 
 
 def test_chunked_pondering_keeps_no_vocab_sized_tensor():

@@ -13,9 +13,10 @@ batch size: wall-clock falls with the skipped token-passes (Mixture-of-Recursion
 
 The arithmetic per row is the cached ``forward``'s (same layers, gates, pondering, A15 K/V reuse), so a row's
 tokens and exit passes are those of decoding it alone (``tests/test_depth_batching.py``). What differs is the
-layout: each layer's K/V of every pass live in one buffer ``[K, B, heads, capacity, head_dim]``; a tick writes
-each row's new K/V at (its pass, its position) in one indexed write, and the attention of a row reads its own
-pass's slice — one SDPA call per run of adjacent rows at the same pass and position (one call in all when
+layout: the K/V of every layer and pass live in one tensor ``[layers, 2, K, B, heads, capacity, head_dim]``; a
+tick writes each row's new keys and values at (its pass, its position) in one indexed write per layer, copies the
+K/V of the tokens that halted forward (A15) in one indexed copy, and the attention of a row reads its own pass's
+slice — one SDPA call per run of adjacent rows at the same pass and position (one call in all when
 every row is in step), no gathered copy of the cache. transformers' GPT-NeoX layers run unchanged; their
 attention is routed to :func:`row_attention` through ``AttentionInterface`` (the documented way to plug an
 attention function in) for the duration of the ticks.
@@ -35,7 +36,7 @@ from transformers import AttentionInterface
 
 from .modeling_adaponder import _attention_implementation
 from .ponder_cache import PonderCache, starts_at
-from .pondering import embed_probs
+from .pondering import pondering_from_logits
 
 ROW_ATTENTION = "adaponder_rows"
 
@@ -61,8 +62,8 @@ class RowPlan:
 
 def row_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, ponder_rows=None,
                   **kwargs):
-    """Attention of one tick: ``query`` ``[n, heads, 1, hd]``; ``key``/``value`` the layer's whole buffers
-    ``[K, B, heads, capacity, hd]`` (from :meth:`TickKV.update`); ``ponder_rows`` the :class:`RowPlan`.
+    """Attention of one tick: ``query`` ``[n, heads, 1, hd]``; ``key``/``value`` the layer's keys and values of every
+    pass, ``[K, B, heads, capacity, hd]`` each (from :meth:`TickKV.update`); ``ponder_rows`` the :class:`RowPlan`.
     Returns ``[n, 1, heads, hd]`` as transformers' attention functions do."""
     plan: RowPlan = ponder_rows
     outs = []
@@ -201,7 +202,8 @@ class DepthBatchedDecoder:
                 go = [i for i, stop in enumerate(halt_h) if not stop]
                 if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
                     idx = _index(go, device)
-                    e = self._pondering(z.index_select(0, idx))
+                    e = pondering_from_logits(z.index_select(0, idx), model.gpt_neox.embed_in.weight,
+                                              cfg.embedding_scale, in_place=True)  # (A4)
                     if s is not None:
                         e = e * s.index_select(0, idx).to(e.dtype)[:, None]
                     E = E.index_add(0, idx, e.to(E.dtype))
@@ -254,15 +256,6 @@ class DepthBatchedDecoder:
         for layer in neox.layers:
             hidden = layer(hidden, attention_mask=None, layer_past=kv, position_embeddings=rope, ponder_rows=plan)
         return neox.final_layer_norm(hidden)[:, 0]
-
-    def _pondering(self, z: torch.Tensor) -> torch.Tensor:
-        """e = α·softmax(z)·W_E (A4) from logits already computed (the head product is shared with the exit)."""
-        model = self.model
-        w_emb = model.gpt_neox.embed_in.weight
-        dtype = torch.promote_types(z.dtype, w_emb.dtype)
-        e = embed_probs(torch.softmax(z.float(), dim=-1).to(dtype), w_emb.to(dtype))
-        alpha = model.config.embedding_scale
-        return e * alpha if alpha != 1.0 else e
 
     @staticmethod
     def _carry_forward(kv: torch.Tensor, halted: list[tuple[int, int, int]], K: int, device) -> None:

@@ -214,6 +214,16 @@ class _ChunkedPondering(torch.autograd.Function):
         return grad_h, cast(grad_w_out, w_out), cast(grad_w_emb, w_emb), None, None, None
 
 
+def pondering_from_logits(z: torch.Tensor, w_emb: torch.Tensor, alpha: float, in_place: bool = False) -> torch.Tensor:
+    """``α · softmax(z) W_E`` (the end of A4) for logits ``z`` ``[n, V]`` already computed (decoding shares them with
+    the exit). The softmax runs in at least fp32 — in ``z`` itself when ``in_place`` and ``z`` is that wide — and the
+    product in the wider of the two dtypes (no gradients: the training path is :func:`pondering_from_hidden`)."""
+    dtype, wide = torch.promote_types(z.dtype, w_emb.dtype), _wide(z.dtype)
+    probs = torch.softmax(z, dim=-1, out=z) if in_place and z.dtype == wide else torch.softmax(z.to(wide), dim=-1)
+    out = embed_probs(probs.to(dtype), w_emb.to(dtype))
+    return out.mul_(alpha) if alpha != 1.0 else out
+
+
 def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Tensor, alpha: float,
                           chunk: int = 0, recompute: bool = True) -> torch.Tensor:
     """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
@@ -229,8 +239,7 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
         z = _buffer("z", (h.shape[0], w_out.shape[0]), h.dtype, h.device)
         if not skinny_linear_(h, w_out, None, z):
             torch.mm(h, w_out.t(), out=z)
-        out = embed_probs(torch.softmax(z, dim=-1, out=z), w_emb)
-        return out.mul_(alpha) if alpha != 1.0 else out
+        return pondering_from_logits(z, w_emb, alpha, in_place=True)
     out = torch.empty(h.shape[0], w_emb.shape[1], dtype=dtype, device=h.device)
     for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
         torch.mm(_cast(_probs(h[s:e], w_out, "z"), out.dtype, "z"), w_emb.to(out.dtype), out=out[s:e])
