@@ -5,6 +5,7 @@ resuming equals continuing, bit for bit.
 Kept to five short launches; each costs ~10-20 s, mostly process start-up.
 """
 
+import glob
 import json
 
 import pytest
@@ -48,6 +49,13 @@ def zero_runs(data, tmp_path_factory):
         assert code == 0, out[-5000:]
         runs[stage] = tmp / f"z{stage}"
     return tmp, runs
+
+
+def test_cpu_launches_leave_no_shared_memory_behind(zero_runs):
+    """DeepSpeed's CPU all-reduce names a 69 MB /dev/shm segment per rank and never unlinks it (see
+    trainer._release_shm_name)."""
+    left = [f for stage in (1, 2, 3) for f in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{PORTS[f'z{stage}']}_*")]
+    assert left == []
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

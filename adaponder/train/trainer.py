@@ -80,10 +80,23 @@ def init_distributed() -> tuple[int, int, int]:
     if not dist.is_initialized():
         # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
         deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
+        if acc.device_name() == "cpu":
+            _release_shm_name(dist.get_rank())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if acc.device_name() != "cpu":
         acc.set_device(local_rank)
     return dist.get_rank(), local_rank, dist.get_world_size()
+
+
+def _release_shm_name(rank: int) -> None:
+    """DeepSpeed's CPU all-reduce creates one named shared-memory segment per rank (``/dev/shm/deepspeed_allreduce_
+    buffer_<uid>_<addr>_<port>_<rank>``, 69 MB) and never unlinks it: every CPU launch left them behind, in RAM, until
+    reboot. Once every rank has opened every segment (the barrier), the names can go; the mappings stay valid until
+    the processes exit, and then the memory is freed."""
+    dist.barrier()
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
 def _broadcast_error(message: str | None) -> str | None:
