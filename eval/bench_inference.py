@@ -220,7 +220,7 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
                                                     max_ticks=new_tokens * K), repeats, device)
     depth_exits = depth.exit_pass[:, 1:]
     depth_exits = depth_exits[depth_exits > 0]  # the tokens the ticks completed (the first came from the prefill)
-    cache, nxt = out.cache, out.logits[:, -1:].argmax(-1)
+    cache, nxt = out.cache, out.logits.argmax(-1)
     exit_pre = out.exit_pass
     with HostSyncCounter() as counter:  # one untimed step, counted
         step = model(nxt, cache=cache, use_cache=True)

@@ -112,17 +112,16 @@ class TickGates:
         if all(p == first for p in passes):
             return self.gates[first - 1](h) if first <= G else h.new_zeros(n, dtype=torch.float32)
         order = sorted(range(n), key=passes.__getitem__)
-        sorted_h = h.index_select(0, _index(order, h.device))
+        order_t = _index(order, h.device)
+        sorted_h = h.index_select(0, order_t)
         parts, start = [], 0
         for p, group in itertools.groupby(passes[i] for i in order):
             count = sum(1 for _ in group)
             part = sorted_h[start:start + count]
             parts.append(self.gates[p - 1](part) if p <= G else part.new_zeros(count, dtype=torch.float32))
             start += count
-        back = [0] * n
-        for j, i in enumerate(order):
-            back[i] = j
-        return torch.cat(parts).index_select(0, _index(back, h.device))
+        s = torch.cat(parts)
+        return torch.empty_like(s).index_copy_(0, order_t, s)  # back to row order
 
 
 @dataclass
