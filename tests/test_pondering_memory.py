@@ -139,3 +139,25 @@ def test_row_chunks_are_balanced_and_cover_all_rows():
     assert max(sizes) - min(sizes) <= 1 and max(sizes) * 50304 <= 1 << 25
     assert _row_chunks(10, 7, 3) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert _row_chunks(0, 7, 3) == []
+
+
+@pytest.mark.parametrize("rows", [1, 8, 9, 100, 256, 257])
+def test_blocked_vocabulary_products_match_plain_ones(rows):
+    """Up to VOCAB_ROWS rows, the head's logits and the pondering product with vocabulary-sized weights run by
+    weight blocks (pondering.skinny); the values are those of the plain products, and the blocked path is the one
+    taken exactly up to the cap (the backbone's small weights keep the SKINNY_ROWS cap)."""
+    from adaponder.modeling import pondering as P
+
+    g = torch.Generator().manual_seed(rows)
+    vocab = P.VOCAB_SIZED + 37  # not a multiple of the block count: the remainder runs as a plain product
+    h, w_out, w_emb = (torch.randn(*s, generator=g) for s in ((rows, 32), (vocab, 32), (vocab, 32)))
+    with torch.no_grad():
+        assert P.skinny(rows, w_out, w_emb) == (rows <= P.VOCAB_ROWS)
+        assert P.skinny(rows, torch.randn(96, 32)) == (rows <= P.SKINNY_ROWS)
+        torch.testing.assert_close(P.skinny_linear(h, w_out), h @ w_out.t(), rtol=1e-5, atol=1e-5)
+        p = torch.softmax(h @ w_out.t(), -1)
+        torch.testing.assert_close(P.embed_probs(p, w_emb), p @ w_emb, rtol=1e-5, atol=1e-6)
+        want = 0.5 * torch.softmax(h @ w_out.t(), -1) @ w_emb
+        torch.testing.assert_close(pondering_from_hidden(h, w_out, w_emb, 0.5), want, rtol=1e-5, atol=1e-6)
+    with torch.enable_grad():
+        assert not P.skinny(rows, w_out, w_emb)  # training keeps the autograd-friendly products
