@@ -107,7 +107,7 @@ def test_config_direct_construction_also_validates():
 def test_flops_match_hand_count_and_fall_when_tokens_halt():
     cfg = tiny_config("adaponder", passes=3)  # d=64, L=2, ff=128, V=97, gate 4d
     model = AdaPonderForCausalLM(cfg)
-    d, L, ff, V, ctx = 64, 2, 128, 97, 10
+    d, L, V, ctx = 64, 2, 97, 10
     layer = 2 * (64 * 192 + 64 * 64 + 2 * 64 * 128) + 4 * ctx * d
     gate = 2 * (64 * 256 + 256)
     # one token exits at pass 1, one at pass 3: D = [1, 3]

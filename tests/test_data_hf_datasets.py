@@ -4,7 +4,6 @@ nyu-mll/glue schema giving exactly the TSV loader's examples.
 """
 
 import json
-import os
 
 import numpy as np
 import pytest

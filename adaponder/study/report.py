@@ -317,9 +317,9 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
              f"({', '.join(cfg.study.repeat_arms)}).")
     L.append("- Arms (overrides of the base config): " + "; ".join(
         f"`{a}` " + ", ".join(f"{k}={v}" for k, v in o.items()) for a, o in cfg.arms.items()) + ".")
-    L.append(f"- Evaluation: held-out windows of the training length, not overlapping; FLOPs per token by the A17 "
-             f"convention (docs/method.md) with each window's length as context; \"× vanilla\" divides by the "
-             f"vanilla arm's FLOPs/token.\n")
+    L.append("- Evaluation: held-out windows of the training length, not overlapping; FLOPs per token by the A17 "
+             "convention (docs/method.md) with each window's length as context; \"× vanilla\" divides by the "
+             "vanilla arm's FLOPs/token.\n")
     L.append("## Results\n")
     L.append("| arm | seed | params | train tokens | train tok/s | train wall | held-out ppl | bits/byte | "
              "mean exit pass | MFLOPs/token | × vanilla |")

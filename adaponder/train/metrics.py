@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 

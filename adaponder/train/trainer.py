@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -713,7 +712,6 @@ class Trainer:
                 + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
         bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
         train_iter = iter(self.loader)
-        window = M.stats_vector(self.k_passes, "cpu")
         last: dict[str, Any] = {}
         skipped_window = 0
         first_skip = None
