@@ -244,7 +244,8 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk, bool(recompute))
     dtype = torch.promote_types(h.dtype, w_emb.dtype)
-    if skinny(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype:  # a few fp32 rows (decoding): blocked, one chunk
+    # a few fp32 rows (decoding, late compacted passes): blocked, one chunk (within the configured chunk size)
+    if skinny(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype and (not chunk or h.shape[0] <= chunk):
         z = _buffer("z", (h.shape[0], w_out.shape[0]), h.dtype, h.device)
         if not skinny_linear_(h, w_out, None, z):
             torch.mm(h, w_out.t(), out=z)
