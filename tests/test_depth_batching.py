@@ -7,9 +7,10 @@ by itself (A15 K/V reuse included), for gated, ungated and one-pass models.
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan, TickGates
+from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan, TickGates, row_attention
 from conftest import tiny_config
 from test_cached_inference import random_model
 
@@ -81,9 +82,30 @@ def test_eos_ends_a_row_and_pads_it():
     assert len(decode_alone(model, prompts[0], 8, eos=eos)[0]) == 3
 
 
-def test_runs_group_adjacent_rows_in_step():
-    plan = RowPlan(rows=[0, 1, 2, 4, 5], passes=[1, 1, 2, 2, 2], positions=[7, 7, 7, 7, 7])
-    assert [(c, r, p) for _, c, r, p, _ in plan.runs] == [(2, 0, 1), (1, 2, 2), (2, 4, 2)]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_attention_equals_sdpa_over_each_rows_own_slice(dtype):
+    """One tick's rows at different passes and positions, attended by index in one call per product, equal SDPA over
+    each row's own pass slice up to its position — whatever the buffers hold past it (NaN here)."""
+    torch.manual_seed(0)
+    K, B, heads, cap, hd = 3, 5, 4, 16, 8
+    keys = torch.full((K, B, heads, cap, hd), float("nan"))
+    values = torch.full((K, B, heads, cap, hd), float("nan"))
+    rows, passes, positions = [4, 0, 2, 3], [2, 1, 3, 2], [9, 7, 11, 0]
+    for r, p, t in zip(rows, passes, positions):
+        keys[p - 1, r, :, :t + 1] = torch.randn(heads, t + 1, hd)
+        values[p - 1, r, :, :t + 1] = torch.randn(heads, t + 1, hd)
+    keys, values = keys.to(dtype), values.to(dtype)
+    q = torch.randn(len(rows), heads, 1, hd, dtype=dtype)
+    plan = RowPlan(*(torch.tensor(x) for x in (rows, passes, positions)), max(positions) + 1, batch=B, heads=heads,
+                   head_dim=hd, capacity=cap)
+    out, _ = row_attention(None, q, keys.transpose(-1, -2).contiguous(), values, scaling=hd ** -0.5,
+                           ponder_rows=plan)
+    assert out.shape == (len(rows), 1, heads, hd) and out.dtype == dtype
+    for i, (r, p, t) in enumerate(zip(rows, passes, positions)):
+        want = F.scaled_dot_product_attention(q[i:i + 1], keys[p - 1, r:r + 1, :, :t + 1],
+                                              values[p - 1, r:r + 1, :, :t + 1])
+        tol = {} if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out[i, 0], want[0, :, 0], **tol)
 
 
 def test_tick_gates_give_each_row_the_gate_of_its_own_pass():
@@ -139,6 +161,12 @@ def test_prefill_fills_the_decoders_layout_without_a_copy():
                 torch.testing.assert_close(a, b)
     with_prefill = dec.generate(prompts, 6, prefill=out)
     assert torch.equal(with_prefill.sequences, dec.generate(prompts, 6).sequences)
+    # the decoder's own prefill: the cache's values read in place, its keys transposed into a buffer of their own
+    pre = dec.prefill(prompts, 16)
+    assert pre.values.data_ptr() == pre.output.cache.pass_buffers[0, 1].data_ptr() and pre.capacity == 16
+    torch.testing.assert_close(pre.keys_t[..., :10], pre.output.cache.pass_buffers[:, 0, ..., :10, :].transpose(-1, -2))
+    assert torch.equal(dec.generate(prompts, 6, prefill=pre).sequences, with_prefill.sequences)
+    assert torch.equal(dec.generate(prompts, 6, prefill=pre).sequences, with_prefill.sequences)  # reusable
     # lockstep decoding from a cache in this layout appends in place while there is room
     with torch.no_grad():
         step = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)

@@ -13,13 +13,16 @@ batch size: wall-clock falls with the skipped token-passes (Mixture-of-Recursion
 
 The arithmetic per row is the cached ``forward``'s (same layers, gates, pondering, A15 K/V reuse), so a row's
 tokens and exit passes are those of decoding it alone (``tests/test_depth_batching.py``). What differs is the
-layout: the K/V of every layer and pass live in one tensor ``[layers, 2, K, B, heads, capacity, head_dim]``; a
-tick writes each row's new keys and values at (its pass, its position) in one indexed write per layer, copies the
-K/V of the tokens that halted forward (A15) in one indexed copy, and the attention of a row reads its own pass's
-slice — one SDPA call per run of adjacent rows at the same pass and position (one call in all when
-every row is in step), no gathered copy of the cache. transformers' GPT-NeoX layers run unchanged; their
-attention is routed to :func:`row_attention` through ``AttentionInterface`` (the documented way to plug an
-attention function in) for the duration of the ticks.
+layout: the prefill writes the K/V of every layer and pass into one tensor ``[layers, 2, K, B, heads, capacity,
+head_dim]`` (:meth:`DepthBatchedDecoder.new_cache`); the ticks read the values there and the keys from a copy
+transposed once after the prefill (``[.., head_dim, capacity]``, :meth:`DepthBatchedDecoder.prepare`). A tick writes
+each row's new key and value at (its pass, its position), copies the K/V of the tokens that halted forward (A15) in
+one indexed copy each, and attends for all rows at once: with the keys transposed, both products of attention are
+weighted sums of buffer rows picked by index (``embedding_bag``), so rows at different passes and positions need
+neither an SDPA call each nor a gathered copy of the cache (:func:`row_attention`). transformers' GPT-NeoX layers
+run unchanged; their attention is routed to :func:`row_attention` through ``AttentionInterface`` (the documented
+way to plug an attention function in) for the duration of the ticks. The transposed keys cost memory: the cache's
+keys are held twice while decoding.
 
 Scope: greedy decoding of equal-length, unpadded prompts, the threshold rule of A6 (no ``halting_policy``),
 modes ``vanilla``, ``ponderlm`` and ``adaponder``.
@@ -41,38 +44,46 @@ from .pondering import pondering_from_logits
 ROW_ATTENTION = "adaponder_rows"
 
 
-@dataclass
 class RowPlan:
-    """Where each live row of a tick attends: buffer row ``rows[i]``, pass ``passes[i]`` (1-based), keys at
-    positions ``0..positions[i]``. ``runs`` groups adjacent rows that can share one attention call."""
+    """Where the live rows of a tick attend, as row indices of the layer's K/V buffers viewed as tables: built once per
+    tick, shared by every layer.
 
-    rows: list[int]
-    passes: list[int]
-    positions: list[int]
+    Row ``i`` (buffer row ``rows[i]``, pass ``passes[i]``, position ``positions[i]``) attends with head ``h`` to slot
+    ``((pass - 1)·B + row)·heads + h``. ``key_rows`` ``[n·heads, hd]``: that slot's rows of the transposed keys
+    (``[.., hd, capacity]``, a row per key dimension); ``value_rows`` ``[n·heads, span]``: its rows of the values
+    (a row per position), positions past the row's own clamped to it (weight 0 there); ``future`` ``[n·heads, span]``:
+    the positions a row must not see. ``span`` = the largest position + 1."""
 
-    def __post_init__(self):
-        self.runs = []  # (first live index, count, buffer row, pass, position)
-        for i, (r, p, t) in enumerate(zip(self.rows, self.passes, self.positions)):
-            last = self.runs[-1] if self.runs else None
-            if last and last[2] + last[1] == r and last[3] == p and last[4] == t:
-                self.runs[-1] = (last[0], last[1] + 1, last[2], p, t)
-            else:
-                self.runs.append((i, 1, r, p, t))
+    def __init__(self, rows: torch.Tensor, passes: torch.Tensor, positions: torch.Tensor, span: int, *, batch: int,
+                 heads: int, head_dim: int, capacity: int):
+        device = rows.device
+        slot = (((passes - 1) * batch + rows)[:, None] * heads + torch.arange(heads, device=device)).reshape(-1, 1)
+        pos = positions.repeat_interleave(heads)[:, None]
+        t = torch.arange(span, device=device)[None]
+        self.key_rows = slot * head_dim + torch.arange(head_dim, device=device)
+        self.value_rows = slot * capacity + torch.minimum(t, pos)
+        self.future = t > pos
 
 
 def row_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, ponder_rows=None,
                   **kwargs):
-    """Attention of one tick: ``query`` ``[n, heads, 1, hd]``; ``key``/``value`` the layer's keys and values of every
-    pass, ``[K, B, heads, capacity, hd]`` each (from :meth:`TickKV.update`); ``ponder_rows`` the :class:`RowPlan`.
-    Returns ``[n, 1, heads, hd]`` as transformers' attention functions do."""
+    """Attention of one tick, every row at its own pass and position, in one call per product: ``query``
+    ``[n, heads, 1, hd]``; ``key`` the layer's transposed keys of every pass ``[K, B, heads, hd, capacity]`` and
+    ``value`` its values ``[K, B, heads, capacity, hd]`` (from :meth:`TickKV.update`); ``ponder_rows`` the
+    :class:`RowPlan`. Returns ``[n, 1, heads, hd]`` as transformers' attention functions do.
+
+    Both products are weighted sums of table rows picked by index — ``embedding_bag`` — so rows at different passes
+    and positions share one call each and no K/V is gathered into a copy: scores = Σ_d q_d·Kᵀ[d, :] (a row of the
+    transposed keys per key dimension), output = Σ_t p_t·V[t] (a row of the values per position)."""
     plan: RowPlan = ponder_rows
-    outs = []
-    for first, count, row, p, t in plan.runs:
-        k = key[p - 1, row:row + count, :, :t + 1]
-        v = value[p - 1, row:row + count, :, :t + 1]
-        outs.append(F.scaled_dot_product_attention(query[first:first + count], k, v, scale=scaling))
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return out.transpose(1, 2), None
+    n, heads, _, hd = query.shape
+    span = plan.future.shape[1]
+    scores = F.embedding_bag(plan.key_rows, key.view(-1, key.shape[-1]), mode="sum",
+                             per_sample_weights=query.reshape(n * heads, hd))[:, :span]
+    scores = (scores.float() * scaling).masked_fill_(plan.future, float("-inf"))
+    probs = scores.softmax(-1).to(value.dtype)  # exactly 0 at the future positions, whatever their buffer holds
+    out = F.embedding_bag(plan.value_rows, value.view(-1, hd), mode="sum", per_sample_weights=probs)
+    return out.view(n, 1, heads, hd), None
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)
@@ -83,17 +94,20 @@ def _index(values, device) -> torch.Tensor:
 
 
 class TickKV:
-    """The ``layer_past`` of a tick: writes each row's new K/V at (its pass, its position) — keys and values in one
-    indexed write — and hands the layer's whole buffers to :func:`row_attention`."""
+    """The ``layer_past`` of a tick: writes each row's new key and value at (its pass, its position) — the key into
+    the transposed keys, one indexed write each — and hands the layer's whole buffers to :func:`row_attention`."""
 
-    def __init__(self, kv: torch.Tensor):
-        self.kv = kv  # [layers, 2, K, B, heads, capacity, hd]
-        self.index: tuple | None = None
+    def __init__(self, keys_t: torch.Tensor, values: torch.Tensor):
+        self.keys_t = keys_t  # [layers, K, B, heads, hd, capacity]
+        self.values = values  # [layers, K, B, heads, capacity, hd]
+        self.index: tuple | None = None  # (pass - 1, row, position) of every live row
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        layer = self.kv[layer_idx]
-        layer[self.index] = torch.stack((key[:, :, 0], value[:, :, 0]), 1)  # [n, 2, heads, hd]
-        return layer[0], layer[1]
+        p, r, t = self.index
+        keys_t, values = self.keys_t[layer_idx], self.values[layer_idx]
+        keys_t[p, r, :, :, t] = key[:, :, 0]
+        values[p, r, :, t] = value[:, :, 0]
+        return keys_t, values
 
 
 class TickGates:
@@ -138,6 +152,22 @@ class DepthBatchedOutput:
     new_tokens: torch.Tensor
 
 
+@dataclass
+class DecoderPrefill:
+    """A prefill in the decoder's layout (:meth:`DepthBatchedDecoder.prefill`): the model's ``output`` (``logits``,
+    ``exit_pass``, ``cache``), the K/V buffers every tick reads — ``values`` ``[layers, K, B, heads, capacity, hd]``,
+    the cache's own storage, and ``keys_t`` ``[layers, K, B, heads, hd, capacity]``, the keys transposed once for
+    :func:`row_attention` — and ``capacity``, the positions they hold."""
+
+    output: object
+    keys_t: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.values.shape[4]
+
+
 class DepthBatchedDecoder:
     """Greedy decoding with depth-wise continuous batching (see the module docstring).
 
@@ -155,9 +185,9 @@ class DepthBatchedDecoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
                  prefill=None, max_ticks: int | None = None) -> DepthBatchedOutput:
-        """``prefill``: the output of ``model(input_ids, use_cache=True)`` when the caller already ran it (a
-        benchmark timing prefill and decoding apart); a cache from :meth:`new_cache` is decoded in place, any other
-        is copied. ``max_ticks``: stop after
+        """``prefill``: the prefill when the caller already ran it (a benchmark timing prefill and decoding apart) —
+        a :class:`DecoderPrefill` from :meth:`prefill`, decoded in place, or the output of ``model(input_ids,
+        use_cache=True)``, brought into the decoder's layout first. ``max_ticks``: stop after
         that many ticks (tokens still in flight are dropped) — a server's steady state, where a finished row's
         slot is refilled at once, measured without the tail of a batch whose last rows finish alone."""
         model, cfg = self.model, self.model.config
@@ -168,10 +198,17 @@ class DepthBatchedDecoder:
         batch, length = input_ids.shape
         K = cfg.num_passes
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
-        if prefill is None:  # the cached forward (A16), writing straight into the decoder's layout
-            prefill = model(input_ids, cache=self.new_cache(batch, length + room, input_ids.device), use_cache=True)
-        out = prefill
-        kv = TickKV(self._layout(out.cache, length + room))
+        if prefill is None:
+            prefill = self.prefill(input_ids, length + room)
+        elif not isinstance(prefill, DecoderPrefill):
+            prefill = self.prepare(prefill, length + room)
+        elif prefill.capacity < length + room:
+            prefill = self.prepare(prefill.output, length + room)
+        out = prefill.output
+        kv = TickKV(prefill.keys_t, prefill.values)
+        heads = cfg.num_attention_heads
+        layout = dict(batch=prefill.values.shape[2], heads=heads, head_dim=cfg.hidden_size // heads,
+                      capacity=prefill.capacity)
         gates = TickGates(model.gates) if len(model.gates) else None
         device = input_ids.device
         tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
@@ -185,9 +222,9 @@ class DepthBatchedDecoder:
         ticks = token_passes = 0
         with _attention_implementation(cfg, ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
-                plan = RowPlan(live, passes, positions)
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-                kv.index = (slice(None), pass_t - 1, rows_t, slice(None), pos_t)
+                plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, **layout)
+                kv.index = (pass_t - 1, rows_t, pos_t)
                 h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
                 ticks += 1
                 token_passes += len(live)
@@ -207,7 +244,7 @@ class DepthBatchedDecoder:
                         e = e * s.index_select(0, idx).to(e.dtype)[:, None]
                     E = E.index_add(0, idx, e.to(E.dtype))
                 stopped = [i for i, stop in enumerate(halt_h) if stop]
-                self._carry_forward(kv.kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
+                self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
                 keep, new_rows, new_tokens = [], [], []
                 for i, b in enumerate(live):
@@ -257,18 +294,37 @@ class DepthBatchedDecoder:
         return neox.final_layer_norm(hidden)[:, 0]
 
     @staticmethod
-    def _carry_forward(kv: torch.Tensor, halted: list[tuple[int, int, int]], K: int, device) -> None:
-        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy, every layer's
-        keys and values, for all rows that halted in this tick."""
+    def _carry_forward(kv: TickKV, halted: list[tuple[int, int, int]], K: int, device) -> None:
+        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy of every
+        layer's keys and one of its values, for all rows that halted in this tick."""
         pairs = [(row, d, j, pos) for row, d, pos in halted for j in range(d + 1, K + 1)]
         if not pairs:
             return
         row, src, dst, pos = (_index(c, device) for c in zip(*pairs))
-        kv[:, :, dst - 1, row, :, pos] = kv[:, :, src - 1, row, :, pos]
+        kv.keys_t[:, dst - 1, row, :, :, pos] = kv.keys_t[:, src - 1, row, :, :, pos]
+        kv.values[:, dst - 1, row, :, pos] = kv.values[:, src - 1, row, :, pos]
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, capacity: int) -> DecoderPrefill:
+        """The cached forward over the prompts (A16), writing straight into a cache in the decoder's layout with room
+        for ``capacity`` positions, then the keys transposed for the ticks (:meth:`prepare`)."""
+        cache = self.new_cache(input_ids.shape[0], capacity, input_ids.device)
+        return self.prepare(self.model(input_ids, cache=cache, use_cache=True), capacity)
+
+    def prepare(self, output, capacity: int) -> DecoderPrefill:
+        """``output`` of the cached forward in the decoder's layout: its values where they are (a cache from
+        :meth:`new_cache` with room) or copied, and its keys transposed into a buffer of their own — a copy of the
+        prompt's keys, once per prefill, that lets every tick attend by index (:func:`row_attention`)."""
+        kv = self._layout(output.cache, capacity)
+        length = output.cache.get_seq_length()
+        keys_t = kv.new_empty(kv.shape[0], *kv.shape[2:5], kv.shape[6], kv.shape[5])
+        keys_t[..., :length].copy_(kv[:, 0, :, :, :, :length].transpose(-1, -2))
+        return DecoderPrefill(output, keys_t, kv[:, 1])
 
     def new_cache(self, batch: int, capacity: int, device=None) -> PonderCache:
         """An empty :class:`PonderCache` in the decoder's layout (one ``[layers, 2, K, B, heads, capacity, hd]`` tensor
-        of keys and values) for the prefill to fill: decoding then starts without copying the cache. Lockstep
+        of keys and values) for the prefill to fill: decoding then starts without copying the values (the keys are copied
+once, transposed: :meth:`prepare`). Lockstep
         decoding (the cached ``forward``) can use it too while it has room."""
         cfg = self.model.config
         heads = cfg.num_attention_heads
@@ -297,4 +353,5 @@ class DepthBatchedDecoder:
         return fresh
 
 
-__all__ = ["DepthBatchedDecoder", "DepthBatchedOutput", "TickGates", "ROW_ATTENTION", "row_attention"]
+__all__ = ["DecoderPrefill", "DepthBatchedDecoder", "DepthBatchedOutput", "TickGates", "ROW_ATTENTION",
+           "row_attention"]
