@@ -159,17 +159,22 @@ def gemv_bandwidth(dtype, device, mib: int = 256) -> float:
     return w.numel() * w.element_size() / best
 
 
-def decode_bytes(model, exits: torch.Tensor, context: int) -> float:
-    """Bytes read by the decode steps whose exit passes are ``exits`` [B, steps]: per step, the layer weights of
-    every pass some row runs, the gates and the pondering product (W_out, W_E) wherever a row goes on, the head
-    once, and each active row's K/V over the context."""
+def _byte_sizes(model) -> tuple[float, float, float, float]:
+    """Bytes of the layer weights (one pass), of W_out (= of W_E), of one gate, and of one position's K/V in every
+    layer."""
     cfg = model.config
     item = next(model.parameters()).element_size()
     counts = model.parameter_counts()
-    layers = counts["non_embedding"] * item
-    head = cfg.vocab_size * cfg.hidden_size * item
-    gate = (counts["gates"] / max(len(model.gates), 1)) * item
-    kv_row = cfg.num_hidden_layers * 2 * cfg.hidden_size * item
+    return (counts["non_embedding"] * item, cfg.vocab_size * cfg.hidden_size * item,
+            (counts["gates"] / max(len(model.gates), 1)) * item, cfg.num_hidden_layers * 2 * cfg.hidden_size * item)
+
+
+def decode_bytes(model, exits: torch.Tensor, context: int) -> float:
+    """Bytes read by the lockstep decode steps whose exit passes are ``exits`` [B, steps]: per step, the layer
+    weights of every pass some row runs, the gates and the pondering product (W_out, W_E) wherever a row goes on,
+    the head once, and each active row's K/V over the context."""
+    cfg = model.config
+    layers, head, gate, kv_row = _byte_sizes(model)
     total = 0.0
     for step in range(exits.shape[1]):
         d = exits[:, step]
@@ -184,6 +189,14 @@ def decode_bytes(model, exits: torch.Tensor, context: int) -> float:
             if i < cfg.num_passes and int((d > i).sum()):
                 total += 2 * head  # z = W_out h and softmax(z)·W_E (A4)
     return total
+
+
+def depth_bytes(model, out) -> float:
+    """Bytes the ticks of a depth-batched decoding (``DepthBatchedOutput``) read: every tick the layer weights and
+    W_out once (exit and pondering logits alike), W_E in the ticks that ran the pondering product, each gate run,
+    and each row's K/V over the positions it attends."""
+    layers, head, gate, kv_row = _byte_sizes(model)
+    return out.ticks * (layers + head) + out.pondering_ticks * head + out.gate_runs * gate + out.attended * kv_row
 
 
 def timed(fn, repeats: int, device) -> tuple[float, object]:
@@ -244,7 +257,7 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
     t_lock, exits = timed(lockstep, repeats, device)
     return {"prefill_s": t_pre, "decode_s": t_lock, "exit_prefill": exit_pre, "exit_decode": exits,
             "syncs_per_step": counter.count, "depth_s": t_depth, "exit_depth": depth_exits, "ticks": depth.ticks,
-            "depth_tokens": depth_tokens}
+            "depth_tokens": depth_tokens, "depth_bytes": depth_bytes(model, depth)}
 
 
 @torch.no_grad()
@@ -314,6 +327,7 @@ def bench_dtype(args, dtype_name: str) -> list[dict]:
                 "depth_flop_saving": 1 - f_dec / f_off, "depth_wall_saving": _saving(t_depth, best_off),
                 "lockstep_flop_saving": 1 - f_lock / f_off, "lockstep_wall_saving": _saving(on["decode_s"], off["decode_s"]),
                 "decode_bytes_saving": 1 - bytes_on / bytes_off,
+                "depth_bytes_saving": 1 - (on["depth_bytes"] / on["depth_tokens"]) / (off["depth_bytes"] / off["depth_tokens"]),
                 "decode_bandwidth_fraction": {"lockstep": (n_dec / on["decode_s"]) / limit,
                                               "halting off": (n_dec / off["decode_s"]) / limit_off},
                 "gemv_bandwidth_GBs": bandwidth / 1e9,
@@ -333,7 +347,7 @@ def _ratio(wall: float, flop: float) -> float:
 
 HEADER = (f"{'dtype':>5} {'batch':>5} {'skip':>5} {'D pre':>5} {'D dec':>5} | {'prefill tok/s a':>15} {'b':>8} | "
           f"{'pre FLOP↓':>9} {'wall↓':>6} {'ratio':>5} | {'decode tok/s a':>14} {'lock':>7} {'b':>7} | "
-          f"{'dec FLOP↓':>9} {'wall↓':>6} {'ratio':>5} {'by':>5} | {'ratio depth':>11} {'lock':>5} {'bytes↓':>6} | "
+          f"{'dec FLOP↓':>9} {'wall↓':>6} {'ratio':>5} {'by':>5} | {'ratio depth':>11} {'lock':>5} | {'bytes↓ depth':>12} {'lock':>6} | "
           f"{'BW% lock':>8} {'b':>4} | {'sync lock':>9} {'b':>2} | {'a/c':>5}")
 
 
@@ -349,7 +363,7 @@ def print_row(r: dict) -> None:
           f"{_ratio(r['decode_wall_saving'], r['decode_flop_saving']):>5.2f} {'depth' if r['decode_schedule'] == 'depth-batched' else 'lock':>5} | "
           f"{_ratio(r['depth_wall_saving'], r['depth_flop_saving']):>11.2f} "
           f"{_ratio(r['lockstep_wall_saving'], r['lockstep_flop_saving']):>5.2f} "
-          f"{r['decode_bytes_saving']:>6.1%} | {bw['lockstep']:>8.0%} {bw['halting off']:>4.0%} | "
+          f"| {r['depth_bytes_saving']:>12.1%} {r['decode_bytes_saving']:>6.1%} | {bw['lockstep']:>8.0%} {bw['halting off']:>4.0%} | "
           f"{sy['lockstep']:>9} {sy['halting off']:>2} | " + (f"{ac:>4.0f}x" if ac else f"{'':>5}"), flush=True)
 
 
@@ -384,8 +398,9 @@ def main(argv=None):
           "forward in lockstep (every row at the same pass, halted rows idle); halting on (a) and off (b) each decode\n"
           "with the faster of the two schedules (by = the one (a) used; ratio depth / lock = each schedule's own ratio\n"
           "against (b)); (c) no-cache recompute (PonderLM-style, batch 1). ratio = wall-clock saving / FLOP saving\n"
-          "(target ≥ 0.8); every time is the best of --repeats runs; bytes↓ = saving in bytes a lockstep step reads\n"
-          "(weights of every pass any row runs + K/V of active rows); BW% = lockstep decode tokens/s as a share of the\n"
+          "(target ≥ 0.8); every time is the best of --repeats runs; bytes↓ = saving in bytes read per token (lock: weights\n"
+          "of every pass any row runs + K/V of active rows; depth: weights and W_out every tick, W_E in ticks that ponder,\n"
+          "the gates run, K/V of every row), the bound on wall↓ where decoding is bandwidth-bound; BW% = lockstep decode tokens/s as a share of the\n"
           "memory-bandwidth limit (bytes per step / measured GEMV bandwidth); sync = host synchronisations per lockstep\n"
           "step (depth-batched: one per tick); depth-batched tokens = the window's token-passes over the mean exit pass\n"
           "(tokens still in flight at its end count for the passes they ran);\n"

@@ -43,6 +43,7 @@ def test_each_row_decodes_as_it_would_alone(seed):
         assert res.exit_pass[b].tolist() == exits, f"row {b}"
     # the ticks computed exactly the token-passes of the generated tokens (after the prefill's first token)
     assert res.token_passes == int(res.exit_pass[:, 1:].sum())
+    assert 0 < res.pondering_ticks <= res.ticks and 0 < res.gate_runs <= res.ticks * len(model.gates)
 
 
 def test_rows_really_run_at_different_passes():
@@ -64,7 +65,12 @@ def test_ungated_modes_equal_decoding_alone(mode):
         tokens, exits = decode_alone(model, prompts[b], 6)
         assert res.sequences[b, 9:].tolist() == tokens
         assert res.exit_pass[b].tolist() == exits == [model.config.num_passes] * 6
-    assert res.ticks == 5 * model.config.num_passes  # lockstep: nothing halts early
+    K = model.config.num_passes
+    assert res.ticks == 5 * K  # lockstep: nothing halts early
+    # what the ticks read (the benchmark's bytes model): W_E in the ticks before pass K, no gates, and each row the
+    # keys of its prompt and tokens so far (positions 9..13 attend to 10..14 keys) in every pass
+    assert (res.pondering_ticks, res.gate_runs) == (5 * (K - 1), 0)
+    assert res.attended == K * 3 * sum(range(10, 15))
 
 
 def test_eos_ends_a_row_and_pads_it():

@@ -143,12 +143,18 @@ class DepthBatchedOutput:
     """``sequences`` ``[B, T + new]`` (prompt and generated tokens); ``exit_pass`` ``[B, new]`` the pass each
     generated token exited at (the first from the prefill); ``ticks`` stack runs after the prefill;
     ``token_passes`` the passes they computed summed over rows (ticks × live rows); ``new_tokens`` ``[B]`` how many
-    tokens each row got (fewer than asked after an EOS or ``max_ticks``)."""
+    tokens each row got (fewer than asked after an EOS or ``max_ticks``). What the ticks read besides the layers and
+    the head (once a tick), for a benchmark's bytes model: ``pondering_ticks`` ticks that ran the pondering product
+    (W_E), ``gate_runs`` gates run summed over ticks, ``attended`` key positions attended summed over rows and
+    ticks."""
 
     sequences: torch.Tensor
     exit_pass: torch.Tensor
     ticks: int
     token_passes: int
+    pondering_ticks: int
+    gate_runs: int
+    attended: int
     new_tokens: torch.Tensor
 
 
@@ -219,7 +225,7 @@ class DepthBatchedDecoder:
         positions = [length] * len(live)
         embed = model.gpt_neox.embed_in
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
-        ticks = token_passes = 0
+        ticks = token_passes = pondering_ticks = gate_runs = attended = 0
         with _attention_implementation(cfg, ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
@@ -228,6 +234,8 @@ class DepthBatchedDecoder:
                 h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
                 ticks += 1
                 token_passes += len(live)
+                attended += sum(positions) + len(positions)
+                gate_runs += len({p for p in passes if p <= len(model.gates)})
 
                 s = None if gates is None else gates(h, passes)  # [n] float (A5)
                 halt = pass_t >= K if s is None else (pass_t >= K) | (s < cfg.halting_threshold)  # A6
@@ -237,6 +245,7 @@ class DepthBatchedDecoder:
 
                 go = [i for i, stop in enumerate(halt_h) if not stop]
                 if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
+                    pondering_ticks += 1
                     idx = _index(go, device)
                     e = pondering_from_logits(z.index_select(0, idx), model.gpt_neox.embed_in.weight,
                                               cfg.embedding_scale, in_place=True)  # (A4)
@@ -272,7 +281,8 @@ class DepthBatchedDecoder:
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
         ex = torch.tensor([d + [0] * (max_new_tokens - len(d)) for d in exits], device=device)
         count = _index([len(t) for t in tokens], device)
-        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes, count)
+        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes, pondering_ticks,
+                                  gate_runs, attended, count)
 
     # -- pieces of a tick -------------------------------------------------------------------------------------
     @staticmethod
