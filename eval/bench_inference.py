@@ -17,7 +17,7 @@ realised exit passes (``model.flops_per_token``) next to the wall-clock saving a
 fraction of the memory-bandwidth limit (bytes a decode step reads — the weights of every pass some token runs,
 the K/V each active token attends to — over a GEMV's measured bandwidth), and the host synchronisations one
 decode step makes (``.item()``/``bool()``/``nonzero``/boolean-mask indexing: the points where a GPU's queue
-would drain). Every time is the best of ``--repeats`` runs.
+would drain). Every time is the best of ``--repeats`` runs, taken round-robin over the gate settings.
 
     python eval/bench_inference.py                                  # the table of docs/benchmarks.md
     python eval/bench_inference.py --batches 1,8,32 --threads 4 --dtypes fp32
@@ -213,9 +213,12 @@ def timed(fn, repeats: int, device) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
-    """Prefill ``prompt`` [B, T] and greedily decode ``new_tokens`` steps with the PonderCache, both schedules; every
-    timing is the best of ``repeats`` runs (this machine's neighbours make single runs vary by ±10 %)."""
+def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -> dict:
+    """Prefill ``prompt`` [B, T] and greedily decode ``new_tokens`` steps with the PonderCache, both schedules, for
+    every gate setting in ``variants`` (name → biases for :func:`set_gates`; None = halting off). Every timing is the
+    best of ``repeats`` runs taken round-robin: each repeat runs every variant once before the next begins, so that
+    this machine's drift (identical work measured minutes apart has differed by up to 30 %) falls on all variants
+    alike rather than on whichever ran in a slow minute."""
     device = prompt.device
     warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
     model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
@@ -223,41 +226,64 @@ def run_variant(model, prompt, new_tokens: int, repeats: int) -> dict:
     # room for both decodings below.
     decoder, K = DepthBatchedDecoder(model), model.config.num_passes
     capacity = prompt.shape[1] + new_tokens * K + 2
-    t_pre, pre = timed(lambda: decoder.prefill(prompt, capacity), repeats, device)
-    out = pre.output
-    out.logits = out.logits[:, -1:]  # the rest is not needed (and is B·T·V floats)
-    # Depth-batched decoding from that prefill, in steady state: as many ticks (stack runs) as lockstep decoding
-    # with halting off makes in new_tokens steps, counting the tokens completed in them (a server refills a
-    # finished row's slot; see DepthBatchedDecoder.generate). It writes only positions after the prompt, which
-    # the lockstep loop then overwrites as it goes.
-    t_depth, depth = timed(lambda: decoder.generate(prompt, new_tokens * K + 1, prefill=pre,
-                                                    max_ticks=new_tokens * K), repeats, device)
-    depth_exits = depth.exit_pass[:, 1:]
-    depth_exits = depth_exits[depth_exits > 0]  # the tokens the ticks completed (the first came from the prefill)
-    # What the window's work is worth in tokens: its token-passes over the mean exit pass of the tokens it completed.
-    # Rows whose token is still in flight when the window ends (up to K-1 passes done) have done work a server
-    # finishes in its next ticks; counting completed tokens only would charge it to the window (~D/2 passes a row:
-    # 2-3 % of 64 ticks at 25 % skipped; nothing with halting off, whose rows finish a token every K ticks).
-    depth_tokens = depth.token_passes / depth_exits.float().mean().item()
-    cache, nxt = out.cache, out.logits.argmax(-1)
-    exit_pre = out.exit_pass
-    with HostSyncCounter() as counter:  # one untimed step, counted
-        step = model(nxt, cache=cache, use_cache=True)
-    cache, first = step.cache, step.logits[:, -1:].argmax(-1)
+    best, res, pres = {}, {name: {} for name in variants}, {}
 
-    def lockstep():
-        nxt, exits = first, []
-        for _ in range(new_tokens):
-            step = model(nxt, cache=cache, use_cache=True)
-            nxt = step.logits[:, -1:].argmax(-1)
-            exits.append(step.exit_pass)
-        cache.crop(-new_tokens)  # back to where the next repeat starts
-        return torch.cat(exits, 1)
+    def time_each(what: str, fns: dict) -> dict:
+        outs = {}
+        for name, fn in fns.items():
+            set_gates(model, variants[name])
+            outs[name] = None  # let the previous result go before the next call
+            t, outs[name] = timed(fn, 1, device)
+            best[name, what] = min(best.get((name, what), float("inf")), t)
+        return outs
 
-    t_lock, exits = timed(lockstep, repeats, device)
-    return {"prefill_s": t_pre, "decode_s": t_lock, "exit_prefill": exit_pre, "exit_decode": exits,
-            "syncs_per_step": counter.count, "depth_s": t_depth, "exit_depth": depth_exits, "ticks": depth.ticks,
-            "depth_tokens": depth_tokens, "depth_bytes": depth_bytes(model, depth)}
+    for _ in range(repeats):
+        pres.clear()
+        pres.update(time_each("prefill", {n: lambda: decoder.prefill(prompt, capacity) for n in variants}))
+    for name, pre in pres.items():
+        out = pre.output
+        out.logits = out.logits[:, -1:]  # the rest is not needed (and is B·T·V floats)
+        set_gates(model, variants[name])
+        with HostSyncCounter() as counter:  # one lockstep step, counted (untimed) and taken back
+            model(out.logits.argmax(-1), cache=out.cache, use_cache=True)
+        out.cache.crop(-1)
+        res[name].update(exit_prefill=out.exit_pass, syncs_per_step=counter.count)
+
+    # Both decodings start from the prefill and write only positions after the prompt, each before reading them,
+    # so they can take turns on one cache. Depth-batched decoding runs in steady state: as many ticks (stack runs) as
+    # lockstep decoding with halting off makes in new_tokens steps (a server refills a finished row's slot; see
+    # DepthBatchedDecoder.generate).
+    def depth(name):
+        return lambda: decoder.generate(prompt, new_tokens * K + 1, prefill=pres[name], max_ticks=new_tokens * K)
+
+    def lockstep(name):
+        def run():
+            out = pres[name].output
+            cache, nxt, exits = out.cache, out.logits.argmax(-1), []
+            for _ in range(new_tokens):
+                step = model(nxt, cache=cache, use_cache=True)
+                nxt = step.logits[:, -1:].argmax(-1)
+                exits.append(step.exit_pass)
+            cache.crop(-new_tokens)  # back to where the next repeat starts
+            return torch.cat(exits, 1)
+        return run
+
+    for _ in range(repeats):
+        depths = time_each("depth", {n: depth(n) for n in variants})
+        locks = time_each("lockstep", {n: lockstep(n) for n in variants})
+    for name, r in res.items():
+        out = depths[name]
+        exits = out.exit_pass[:, 1:]
+        exits = exits[exits > 0]  # the tokens the ticks completed (the first came from the prefill)
+        # What the window's work is worth in tokens: its token-passes over the mean exit pass of the tokens it
+        # completed. Rows whose token is still in flight when the window ends (up to K-1 passes done) have done work
+        # a server finishes in its next ticks; counting completed tokens only would charge it to the window (~D/2
+        # passes a row: 2-3 % of 64 ticks at 25 % skipped; nothing with halting off, whose rows finish a token every
+        # K ticks).
+        r.update(prefill_s=best[name, "prefill"], decode_s=best[name, "lockstep"], exit_decode=locks[name],
+                 depth_s=best[name, "depth"], exit_depth=exits, ticks=out.ticks,
+                 depth_tokens=out.token_passes / exits.float().mean().item(), depth_bytes=depth_bytes(model, out))
+    return res
 
 
 @torch.no_grad()
@@ -290,14 +316,14 @@ def bench_dtype(args, dtype_name: str) -> list[dict]:
     f_off = model.flops_per_token(None, context=args.context)["total"]
     rows = []
     for batch in args.batches:
-        set_gates(model, None)
-        off = run_variant(model, prompts[batch], args.new_tokens, args.repeats)
+        res = run_variants(model, prompts[batch], {None: None, **biases}, args.new_tokens, args.repeats)
+        off = res[None]
         rec = None
         if batch == 1 and args.recompute_tokens:
+            set_gates(model, None)
             rec = decode_recompute(model, prompts[1], args.recompute_tokens)
         for s in savings:
-            set_gates(model, biases[s])
-            on = run_variant(model, prompts[batch], args.new_tokens, args.repeats)
+            on = res[s]
             n_pre, n_dec = batch * args.context, batch * args.new_tokens
             f_pre = model.flops_per_token(on["exit_prefill"], context=args.context)["total"]
             f_dec = model.flops_per_token(on["exit_depth"], context=args.context)["total"]
@@ -398,7 +424,7 @@ def main(argv=None):
           "forward in lockstep (every row at the same pass, halted rows idle); halting on (a) and off (b) each decode\n"
           "with the faster of the two schedules (by = the one (a) used; ratio depth / lock = each schedule's own ratio\n"
           "against (b)); (c) no-cache recompute (PonderLM-style, batch 1). ratio = wall-clock saving / FLOP saving\n"
-          "(target ≥ 0.8); every time is the best of --repeats runs; bytes↓ = saving in bytes read per token (lock: weights\n"
+          "(target ≥ 0.8); every time is the best of --repeats round-robin runs; bytes↓ = saving in bytes read per token (lock: weights\n"
           "of every pass any row runs + K/V of active rows; depth: weights and W_out every tick, W_E in ticks that ponder,\n"
           "the gates run, K/V of every row), the bound on wall↓ where decoding is bandwidth-bound; BW% = lockstep decode tokens/s as a share of the\n"
           "memory-bandwidth limit (bytes per step / measured GEMV bandwidth); sync = host synchronisations per lockstep\n"
