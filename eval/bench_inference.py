@@ -218,7 +218,7 @@ def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -
     every gate setting in ``variants`` (name → biases for :func:`set_gates`; None = halting off). Every timing is the
     best of ``repeats`` runs taken round-robin: each repeat runs every variant once before the next begins, so that
     this machine's drift (identical work measured minutes apart has differed by up to 30 %) falls on all variants
-    alike rather than on whichever ran in a slow minute."""
+    alike rather than on whichever ran in a slow minute; the order rotates from repeat to repeat."""
     device = prompt.device
     warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
     model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
@@ -228,21 +228,26 @@ def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -
     capacity = prompt.shape[1] + new_tokens * K + 2
     best, res, pres = {}, {name: {} for name in variants}, {}
 
-    def time_each(what: str, fns: dict) -> dict:
-        outs = {}
-        for name, fn in fns.items():
+    def time_each(what: str, fns: dict, turn: int) -> dict:
+        outs, names = {}, list(fns)
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            fn = fns[name]
             set_gates(model, variants[name])
             outs[name] = None  # let the previous result go before the next call
             t, outs[name] = timed(fn, 1, device)
             best[name, what] = min(best.get((name, what), float("inf")), t)
         return outs
 
-    for _ in range(repeats):
+    def prefill():
+        pre = decoder.prefill(prompt, capacity)
+        pre.output.logits = pre.output.logits[:, -1:].clone()  # the rest is not needed (and is B·T·V floats)
+        return pre
+
+    for turn in range(repeats):
         pres.clear()
-        pres.update(time_each("prefill", {n: lambda: decoder.prefill(prompt, capacity) for n in variants}))
+        pres.update(time_each("prefill", {n: prefill for n in variants}, turn))
     for name, pre in pres.items():
         out = pre.output
-        out.logits = out.logits[:, -1:]  # the rest is not needed (and is B·T·V floats)
         set_gates(model, variants[name])
         with HostSyncCounter() as counter:  # one lockstep step, counted (untimed) and taken back
             model(out.logits.argmax(-1), cache=out.cache, use_cache=True)
@@ -268,9 +273,9 @@ def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -
             return torch.cat(exits, 1)
         return run
 
-    for _ in range(repeats):
-        depths = time_each("depth", {n: depth(n) for n in variants})
-        locks = time_each("lockstep", {n: lockstep(n) for n in variants})
+    for turn in range(repeats):
+        depths = time_each("depth", {n: depth(n) for n in variants}, turn)
+        locks = time_each("lockstep", {n: lockstep(n) for n in variants}, turn)
     for name, r in res.items():
         out = depths[name]
         exits = out.exit_pass[:, 1:]
