@@ -173,6 +173,8 @@ def test_prefill_fills_the_decoders_layout_without_a_copy():
     torch.testing.assert_close(pre.keys_t[..., :10], pre.output.cache.pass_buffers[:, 0, ..., :10, :].transpose(-1, -2))
     assert torch.equal(dec.generate(prompts, 6, prefill=pre).sequences, with_prefill.sequences)
     assert torch.equal(dec.generate(prompts, 6, prefill=pre).sequences, with_prefill.sequences)  # reusable
+    # an ordinary cache's K/V are copied into the layout first
+    assert torch.equal(dec.generate(prompts, 6, prefill=reference).sequences, with_prefill.sequences)
     # lockstep decoding from a cache in this layout appends in place while there is room
     with torch.no_grad():
         step = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
