@@ -323,13 +323,27 @@ class DepthBatchedDecoder:
 
     def prepare(self, output, capacity: int) -> DecoderPrefill:
         """``output`` of the cached forward in the decoder's layout: its values where they are (a cache from
-        :meth:`new_cache` with room) or copied, and its keys transposed into a buffer of their own — a copy of the
-        prompt's keys, once per prefill, that lets every tick attend by index (:func:`row_attention`)."""
-        kv = self._layout(output.cache, capacity)
-        length = output.cache.get_seq_length()
-        keys_t = kv.new_empty(kv.shape[0], *kv.shape[2:5], kv.shape[6], kv.shape[5])
-        keys_t[..., :length].copy_(kv[:, 0, :, :, :, :length].transpose(-1, -2))
-        return DecoderPrefill(output, keys_t, kv[:, 1])
+        :meth:`new_cache` with room) or copied into a buffer with room, and its keys transposed into a buffer of their
+        own — a copy of the prompt's keys, once per prefill, that lets every tick attend by index
+        (:func:`row_attention`)."""
+        cfg, cache = self.model.config, output.cache
+        length = cache.get_seq_length()
+        kv = self._layout(cache, capacity)
+        if kv is not None:
+            values = kv[:, 1]
+        else:
+            b, h, _, hd = cache.view(1, 0)[1].shape
+            values = cache.view(1, 0)[1].new_empty(cfg.num_hidden_layers, cfg.num_passes, b, h, capacity, hd)
+        keys_t = values.new_empty(*values.shape[:4], values.shape[5], values.shape[4])
+        if kv is not None:
+            keys_t[..., :length].copy_(kv[:, 0, :, :, :, :length].transpose(-1, -2))
+            return DecoderPrefill(output, keys_t, values)
+        for layer in range(cfg.num_hidden_layers):
+            for p in range(cfg.num_passes):
+                k, v = cache.view(p + 1, layer)
+                keys_t[layer, p, ..., :length].copy_(k.transpose(-1, -2))
+                values[layer, p, :, :, :length].copy_(v)
+        return DecoderPrefill(output, keys_t, values)
 
     def new_cache(self, batch: int, capacity: int, device=None) -> PonderCache:
         """An empty :class:`PonderCache` in the decoder's layout (one ``[layers, 2, K, B, heads, capacity, hd]`` tensor
@@ -343,24 +357,16 @@ once, transposed: :meth:`prepare`). Lockstep
         device = param.device if device is None else device
         return PonderCache.with_buffers(torch.empty(shape, dtype=param.dtype, device=device))
 
-    def _layout(self, cache: PonderCache, capacity: int) -> torch.Tensor:
-        """The ``[layers, 2, K, B, heads, capacity, hd]`` tensor holding the prefill's K/V: that of a cache from
-        :meth:`new_cache` when every (pass, layer) still lives in it, else a copy."""
+    def _layout(self, cache: PonderCache, capacity: int) -> torch.Tensor | None:
+        """The ``[layers, 2, K, B, heads, capacity, hd]`` tensor holding the prefill's K/V when the cache came from
+        :meth:`new_cache`, has room and every (pass, layer) still lives in it; else None (:meth:`prepare` copies)."""
         cfg = self.model.config
-        K, L = cfg.num_passes, cfg.num_hidden_layers
         kv = cache.pass_buffers
         if kv is not None and kv.shape[5] >= capacity and all(
                 starts_at(cache.view(p + 1, layer)[i], kv[layer, i, p])
-                for p in range(K) for layer in range(L) for i in range(2)):
+                for p in range(cfg.num_passes) for layer in range(cfg.num_hidden_layers) for i in range(2)):
             return kv
-        k0 = cache.view(1, 0)[0]
-        fresh = self.new_cache(k0.shape[0], capacity, k0.device).pass_buffers
-        for layer in range(L):
-            for p in range(K):
-                for i in range(2):
-                    t = cache.view(p + 1, layer)[i]
-                    fresh[layer, i, p, :, :, :t.shape[2]].copy_(t)
-        return fresh
+        return None
 
 
 __all__ = ["DecoderPrefill", "DepthBatchedDecoder", "DepthBatchedOutput", "TickGates", "ROW_ATTENTION",
