@@ -90,6 +90,7 @@ from adaponder.train.trainer import (
     init_distributed,
     install_stop_signals,
     restore_signals,
+    stop_cause,
 )
 
 __all__ = [
@@ -456,7 +457,8 @@ class FineTuner:
         self.output = Path(output)
         self.resume_arg = resume
         self.log = log
-        self.stop_signal: int | None = None
+        self.stop_signal: int | None = None  # a signal this rank received
+        self.launcher_gone = False  # a launcher process above this rank is gone (stops as on SIGTERM)
         self.results: dict[str, Any] = {}
 
     # ---- setup ----------------------------------------------------------------------------------------
@@ -495,11 +497,18 @@ class FineTuner:
             (self.output / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         self.sink = M.MetricsSink(self.output, cfg.logging, self.rank, self.step if self.resume_dir else None,
                                   cfg.to_dict())
-        self._old_handlers = install_stop_signals(self._on_signal)
+        self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone)
         self.results = self._results_base()
 
     def _on_signal(self, signum: int) -> None:
         self.stop_signal = signum
+
+    def _on_launcher_gone(self) -> None:
+        self.launcher_gone = True
+
+    def _stop_flags(self) -> list[float]:
+        """This rank's [stopping, launcher gone], summed (or max-ed) over ranks by the caller's all-reduce."""
+        return [1.0 if self.stop_signal is not None or self.launcher_gone else 0.0, 1.0 if self.launcher_gone else 0.0]
 
     def _setup_data(self) -> None:
         cfg, spec = self.cfg, self.spec
@@ -621,24 +630,21 @@ class FineTuner:
         return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr, mininterval=1.0,
                     leave=leave)
 
-    def _signal_name(self) -> str:
-        return signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another rank"
-
-    def _stop_requested(self, collective: bool) -> bool:
-        flag = self.stop_signal is not None
+    def _stop_requested(self, collective: bool) -> tuple[bool, bool]:
+        """(any rank stopping, any rank's launcher gone); this rank's own flags when not ``collective``."""
+        t = torch.tensor(self._stop_flags(), device=self.device)
         if collective and self.world > 1:
-            t = torch.tensor([1.0 if flag else 0.0], device=self.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flag = bool(t.item() > 0)
-        return flag
+        return bool(t[0] > 0), bool(t[1] > 0)
 
     def _check_stop(self, phase: str, collective: bool) -> None:
         """After training: stop (with the results of the finished phases written) if a signal arrived."""
-        if not self._stop_requested(collective):
+        stop, gone = self._stop_requested(collective)
+        if not stop:
             return
         done = ", ".join(self.results.get("phases", [])) or "none"
         latest = read_latest(self.ckpt_dir)
-        msg = (f"received {self._signal_name()} during the {phase} phase: training is complete (checkpoint "
+        msg = (f"{stop_cause(self.stop_signal, gone)} during the {phase} phase: training is complete (checkpoint "
                f"{self.ckpt_dir / latest if latest else 'none'}); {self.output / 'results.json'} holds the finished "
                f"phases ({done}); rerun with --resume auto to evaluate again")
         self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "phase": phase})
@@ -688,8 +694,9 @@ class FineTuner:
         finite = bool(torch.isfinite(loss.detach()))
         parts = [float(loss.detach()) if finite else 0.0] + [float(x) if x is not None and finite else 0.0
                                                               for x in (out.rec, out.reg)]
-        # One all-reduce per step: any rank non-finite, any rank signalled, the losses summed over ranks.
-        vec = torch.tensor([0.0 if finite else 1.0, 1.0 if self.stop_signal is not None else 0.0, *parts],
+        # One all-reduce per step: any rank non-finite, any rank stopping (any whose launcher is gone), the losses
+        # summed over ranks.
+        vec = torch.tensor([0.0 if finite else 1.0, *self._stop_flags(), *parts],
                            dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(vec)
@@ -705,9 +712,9 @@ class FineTuner:
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.grad is not None],
                                            self.cfg.train.grad_clip)
         engine.step()
-        v = (vec[2:] / self.world).tolist()
+        v = (vec[3:] / self.world).tolist()
         return {"loss": v[0], "rec": v[1] if out.rec is not None else None,
-                "reg": v[2] if out.reg is not None else None, "stop": bool(vec[1] > 0)}
+                "reg": v[2] if out.reg is not None else None, "stop": bool(vec[1] > 0), "launcher_gone": bool(vec[2] > 0)}
 
     def _evaluate_during_training(self) -> None:
         """Collective: dev metric under the selection rule (and always-last), best step, early stopping."""
@@ -787,8 +794,8 @@ class FineTuner:
                     window = []
                 if res["stop"]:
                     path = self.save()
-                    msg = (f"received {self._signal_name()}: saved {path} at step {self.step}; continue with "
-                           "--resume auto")
+                    msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
+                           "continue with --resume auto")
                     self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal"})
                     raise TrainingStopped(msg, 128 + (self.stop_signal or signal.SIGTERM))
                 stop_at = cfg.train.stop_at

@@ -18,8 +18,9 @@ import torch
 from adaponder.evaluation.accounting import exit_counts
 
 # Layout of the per-step statistics vector (summed over micro-batches and ranks by one all-reduce).
-NONFINITE, STOP, LOSS, LM, PONDER, MICRO, TOKENS, EXIT_SUM = range(8)
-HIST = 8  # followed by K exit-pass counts (D = 1..K)
+# STOP: ranks stopping (a signal, or a launcher gone); GONE: ranks whose launcher process is gone.
+NONFINITE, STOP, GONE, LOSS, LM, PONDER, MICRO, TOKENS, EXIT_SUM = range(9)
+HIST = 9  # followed by K exit-pass counts (D = 1..K)
 
 
 def stats_vector(k_passes: int, device) -> torch.Tensor:

@@ -127,12 +127,13 @@ class StopSignals(dict):
     watch: LauncherWatch | None = None
 
 
-def install_stop_signals(on_stop) -> StopSignals:
+def install_stop_signals(on_stop, on_gone=None) -> StopSignals:
     """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
     exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). In a rank started by a launcher
-    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_stop(SIGTERM)`` too
-    (:class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills it, and the ranks
-    would otherwise train on, orphaned. Returns the previous handlers, for :func:`restore_signals`."""
+    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_gone()`` (default
+    ``on_stop(SIGTERM)``; :class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills
+    it, and the ranks would otherwise train on, orphaned. Returns the previous handlers, for
+    :func:`restore_signals`."""
     sigints = [0]
 
     def handler(signum, frame):
@@ -145,9 +146,17 @@ def install_stop_signals(on_stop) -> StopSignals:
     old = StopSignals({s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)})
     chain = launcher_chain()
     if chain:
-        old.watch = LauncherWatch(chain, lambda: on_stop(signal.SIGTERM))
+        old.watch = LauncherWatch(chain, on_gone or (lambda: on_stop(signal.SIGTERM)))
         old.watch.start()
     return old
+
+
+def stop_cause(own_signal: int | None, any_launcher_gone: bool) -> str:
+    """What rank 0's stop message says stopped the ranks: its own signal, else a launcher process gone on any rank
+    (all-reduced: the rank whose watch saw it first may be another), else a signal on another rank."""
+    if own_signal is not None:
+        return f"received {signal.Signals(own_signal).name}"
+    return "a launcher process is gone" if any_launcher_gone else "received a signal on another rank"
 
 
 def restore_signals(old_handlers: dict) -> None:
@@ -271,7 +280,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         self.cfg = cfg
         self.resume_arg = resume
-        self.stop_signal: int | None = None
+        self.stop_signal: int | None = None  # a signal this rank received
+        self.launcher_gone = False  # a launcher process above this rank is gone (stops as on SIGTERM)
 
     # ---- setup ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -564,17 +574,24 @@ class Trainer:
 
     # ---- signals --------------------------------------------------------------------------------------
     def _install_signals(self) -> None:
-        self._old_handlers = install_stop_signals(self._on_signal)
+        self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone)
 
     def _on_signal(self, signum: int) -> None:
         if self.stop_signal is None:  # the first one names the stop (Ctrl-C also makes the launcher send SIGTERM)
             self.stop_signal = signum
 
+    def _on_launcher_gone(self) -> None:
+        self.launcher_gone = True
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signal is not None or self.launcher_gone
+
     def _restore_signals(self) -> None:
         old = getattr(self, "_old_handlers", None)
         if old is None:
             return
-        if self.stop_signal is None:
+        if not self.stopping:
             restore_signals(old)
         elif old.watch is not None:
             # Exiting with 128+signal: our handlers stay, so that a launcher's follow-up SIGTERM (deepspeed's
@@ -617,7 +634,8 @@ class Trainer:
             engine.backward(loss)
             if micro < plan.grad_accum - 1:
                 engine.step()
-        vec[M.STOP] = 1.0 if self.stop_signal is not None else 0.0
+        vec[M.STOP] = 1.0 if self.stopping else 0.0
+        vec[M.GONE] = 1.0 if self.launcher_gone else 0.0
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(vec)
         nonfinite = bool(vec[M.NONFINITE] > 0)
@@ -642,6 +660,7 @@ class Trainer:
         scale_skip = skipped and not nonfinite and cfg.deepspeed.precision == "fp16"
         result.update(lr=lr, k=ps.k, **{"lambda": ps.weight if ps.active else 0.0}, grad_norm=norm,
                       stage=st, skipped=skipped, loss_scale_skip=scale_skip, stop=bool(vec[M.STOP] > 0),
+                      launcher_gone=bool(vec[M.GONE] > 0),
                       nonfinite_micro=int(vec[M.NONFINITE]))
         return result
 
@@ -771,11 +790,13 @@ class Trainer:
                     skipped_window = 0
 
                 if res["stop"]:
-                    name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another rank"
+                    # (signal None: this rank received none; another rank did, or a launcher process is gone)
+                    name = signal.Signals(self.stop_signal).name if self.stop_signal else None
                     path = self.save()
-                    msg = f"received {name}: saved {path} at step {self.step}; continue with --resume auto"
+                    msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
+                           "continue with --resume auto")
                     self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name,
-                                   "message": msg})
+                                   "launcher_gone": res["launcher_gone"], "message": msg})
                     code = 128 + (self.stop_signal or signal.SIGTERM)
                     raise TrainingStopped(msg, code)
                 if cfg.train.stop_at is not None and self.step == cfg.train.stop_at and self.step < plan.total_steps:
@@ -881,6 +902,6 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals",
+__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals", "stop_cause",
            "restore_signals", "StopSignals", "LauncherWatch", "launcher_chain", "deal", "EXIT_OK", "EXIT_ERROR",
            "EXIT_NONFINITE"]
