@@ -212,6 +212,13 @@ def test_resume_mid_epoch_continues_with_the_exact_next_batch(seq_data, doc_data
                 wrong_mb.load_state_dict(state)
         with pytest.raises(StateError, match="format"):
             b.load_state_dict({**state, "format": "adaponder.PackedLoader/v1"})
+        end = b.samples_per_rank  # positions count this rank's samples
+        with pytest.raises(StateError, match=rf"position {end + 1} of epoch 0 is out of range \(0\.\.{end}\)"):
+            b.load_state_dict({**state, "epoch": 0, "position": end + 1})
+        b.load_state_dict({**state, "epoch": 0, "position": end})  # the end of an infinite loader's epoch: the next
+        assert (b.epoch, b.position) == (1, 0)
+        with pytest.raises(TypeError, match="an infinite IndexedLoader has no length"):
+            len(b)
 
 
 def test_eval_pass_reads_every_sample_once_in_order(seq_data):

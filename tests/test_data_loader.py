@@ -143,6 +143,11 @@ def test_a_v1_state_continues_after_the_samples_it_had_read(corpus) -> None:
     assert (two.epoch, two.position) == (1, 0)
     with pytest.raises(StateError, match="world_size"):  # v1 positions are per rank: same world size only
         loader(data, seed=2).load_state_dict(v1)
+    end = ld.num_samples  # v2 positions count all ranks' samples
+    with pytest.raises(StateError, match=rf"position {end + 1} of epoch 0 is out of range \(0\.\.{end}\)"):
+        ld.load_state_dict({**ld.state_dict(), "epoch": 0, "position": end + 1})
+    with pytest.raises(TypeError, match="an infinite PackedLoader has no length"):
+        len(ld)
 
 
 def test_resume_is_exact(corpus, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cursor import EpochCursor
 from .errors import CorpusTooSmallError, DataError, InputNotFoundError, ShardError, StateError, VocabRangeError
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
@@ -227,7 +228,7 @@ class IndexedDataset:
                 f"tokens={self.total_tokens}, dtype={self.dtype.name})")
 
 
-class IndexedLoader:
+class IndexedLoader(EpochCursor):
     """Batches ``torch.LongTensor [micro_batch_size, seq_len + 1]`` from an indexed dataset (see module doc).
 
     Args:
@@ -238,6 +239,8 @@ class IndexedLoader:
         eod_id: the end-of-document token (``documents`` order).
         append_eod: ``documents`` order: ``True`` puts ``eod_id`` after every document, ``False`` reads the
             documents as stored; ``None`` appends unless every checked document already ends with ``eod_id``.
+
+    ``position`` counts this rank's samples of the current epoch (a state resumes on the same world size).
     """
 
     def __init__(
@@ -442,23 +445,10 @@ class IndexedLoader:
                 return
             yield self._gather(indices)
 
-    def __len__(self) -> int:
-        if self.infinite:
-            raise TypeError("an infinite IndexedLoader has no length; see samples_per_epoch / batches_per_epoch")
-        return self.batches_per_epoch
-
     @property
     def batches_per_epoch(self) -> int:
         full, rest = divmod(self.samples_per_rank, self.micro_batch_size)
         return full + (1 if rest and not self.drop_last else 0)
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def position(self) -> int:
-        return self._position
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -482,19 +472,7 @@ class IndexedLoader:
         if state.get("format") != STATE_FORMAT:
             raise StateError(f"loader state has format {state.get('format')!r}, expected {STATE_FORMAT!r} "
                              "(a state of another data source?)")
-        mine = self.state_dict()
-        for key in _STATE_KEYS:
-            if state.get(key) != mine[key]:
-                raise StateError(
-                    f"loader state does not fit the loader over {self.prefix}: {key} is {state.get(key)!r} in the "
-                    f"state but {mine[key]!r} here; exact resumption needs the same data and settings")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= self.samples_per_rank:
-            raise StateError(f"loader state position {position} of epoch {epoch} is out of range "
-                             f"(samples per rank: {self.samples_per_rank})")
-        if self.infinite and position == self.samples_per_rank:
-            epoch, position = epoch + 1, 0
-        self._epoch, self._position = epoch, position
+        self._restore(state, _STATE_KEYS, str(self.prefix), self.samples_per_rank)
 
     def __repr__(self) -> str:
         return (f"IndexedLoader({self.prefix!r}, order={self.order!r}, seq_len={self.seq_len}, "

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cursor import EpochCursor
 from .errors import CorpusTooSmallError, ShardError, StateError, TokenizerMismatchError, VocabRangeError
 from .layout import open_shards, read_meta, split_info
 
@@ -43,7 +44,7 @@ _STATE_V1 = "adaponder.PackedLoader/v1"  # position per rank, read with the same
 _STATE_KEYS = ("seed", "seq_len", "split", "shuffle", "num_samples", "tokenizer_fingerprint")
 
 
-class PackedLoader:
+class PackedLoader(EpochCursor):
     """Iterate ``torch.LongTensor`` batches of shape ``[micro_batch_size, seq_len + 1]``.
 
     Use ``x[:, :-1]`` as inputs and ``x[:, 1:]`` as labels.
@@ -63,6 +64,9 @@ class PackedLoader:
             rest of the current epoch (then the loader moves on to the next epoch).
         drop_last: with ``infinite=False``, drop a last batch smaller than ``micro_batch_size``.
         verify_checksums: re-hash every shard against meta.json and scan the real maximum token id (slow).
+
+    ``position`` counts the samples of the current epoch read by all ranks together (a state resumes on any world
+    size and micro-batch size).
     """
 
     def __init__(
@@ -237,27 +241,11 @@ class PackedLoader:
             yield self._gather(indices)
         self._epoch, self._position = self._epoch + 1, 0
 
-    def __len__(self) -> int:
-        """Batches in one pass (finite loaders only)."""
-        if self.infinite:
-            raise TypeError("an infinite PackedLoader has no length; see samples_per_epoch / batches_per_epoch")
-        return self.batches_per_epoch
-
     @property
     def batches_per_epoch(self) -> int:
         """This rank's batches in one whole epoch, finite (a last partial batch counts unless drop_last)."""
         full, rest = divmod(self.num_samples, self.micro_batch_size)
         return len(range(self.rank, full + (1 if rest and not self.drop_last else 0), self.world_size))
-
-    @property
-    def epoch(self) -> int:
-        """Epoch of the next sample to be read."""
-        return self._epoch
-
-    @property
-    def position(self) -> int:
-        """Samples of the current epoch already read by all ranks together."""
-        return self._position
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -281,24 +269,12 @@ class PackedLoader:
         fmt = state.get("format")
         if fmt not in (STATE_FORMAT, _STATE_V1):
             raise StateError(f"loader state has format {fmt!r}, expected {STATE_FORMAT!r}")
-        mine = self.state_dict()
         keys = _STATE_KEYS + (("world_size",) if fmt == _STATE_V1 else ())
-        for key in keys:
-            if state.get(key) != mine[key]:
-                raise StateError(
-                    f"loader state does not fit the loader over {self.data_dir}: {key} is {state.get(key)!r} in "
-                    f"the state but {mine[key]!r} here; exact resumption needs the same data and settings"
-                )
-        epoch, position = int(state["epoch"]), int(state["position"])
-        end = self.num_samples  # the samples of an epoch that are read
+        end, position = self.num_samples, None  # the samples of an epoch that are read
         if fmt == _STATE_V1:  # v1 counted per rank; its ranks read num_samples // world_size each per epoch
             end = self.num_samples // self.world_size * self.world_size
-            position *= self.world_size
-        if epoch < 0 or not 0 <= position <= end:
-            raise StateError(f"loader state position {position} of epoch {epoch} is out of range (0..{end})")
-        if self.infinite and position == end:
-            epoch, position = epoch + 1, 0
-        self._epoch, self._position = epoch, position
+            position = int(state["position"]) * self.world_size
+        self._restore(state, keys, str(self.data_dir), end, position)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,58 @@
+"""What the two training loaders (:class:`~.loader.PackedLoader`, :class:`~.indexed.IndexedLoader`) share: where
+the next sample is (epoch, position), their length, and restoring a saved state after checking it against their
+own settings. Each loader says what its position counts (all ranks' samples, or this rank's) and how far an epoch
+goes (``end``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import StateError
+
+
+class EpochCursor:
+    """Mixin: ``self._epoch``, ``self._position``, ``self.infinite``, ``batches_per_epoch`` and ``state_dict()`` are
+    the loader's."""
+
+    _epoch: int
+    _position: int
+    infinite: bool
+
+    def __len__(self) -> int:
+        """Batches in one pass (finite loaders only)."""
+        if self.infinite:
+            raise TypeError(f"an infinite {type(self).__name__} has no length; see samples_per_epoch / "
+                            "batches_per_epoch")
+        return self.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next sample to be read."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Samples of the current epoch already read (what they count: the loader's docstring)."""
+        return self._position
+
+    def _restore(self, state: dict[str, Any], keys: tuple[str, ...], source: str, end: int,
+                 position: int | None = None) -> None:
+        """Check ``state``'s ``keys`` against this loader's own state (:class:`StateError` naming the first that
+        differs and ``source``, the data), then stand at its epoch and ``position`` (default: the state's), which
+        must lie in ``0..end``; an infinite loader at ``end`` moves on to the next epoch."""
+        mine = self.state_dict()
+        for key in keys:
+            if state.get(key) != mine[key]:
+                raise StateError(
+                    f"loader state does not fit the loader over {source}: {key} is {state.get(key)!r} in the state "
+                    f"but {mine[key]!r} here; exact resumption needs the same data and settings")
+        epoch = int(state["epoch"])
+        position = int(state["position"]) if position is None else position
+        if epoch < 0 or not 0 <= position <= end:
+            raise StateError(f"loader state position {position} of epoch {epoch} is out of range (0..{end})")
+        if self.infinite and position == end:
+            epoch, position = epoch + 1, 0
+        self._epoch, self._position = epoch, position
+
+
+__all__ = ["EpochCursor"]
