@@ -17,7 +17,9 @@ realised exit passes (``model.flops_per_token``) next to the wall-clock saving a
 fraction of the memory-bandwidth limit (bytes a decode step reads — the weights of every pass some token runs,
 the K/V each active token attends to — over a GEMV's measured bandwidth), and the host synchronisations one
 decode step makes (``.item()``/``bool()``/``nonzero``/boolean-mask indexing: the points where a GPU's queue
-would drain). Every time is the best of ``--repeats`` runs, taken round-robin over the gate settings.
+would drain). Every time is the best of ``--repeats`` runs (decodings: ``--decode-repeats``, default 4× as many:
+they are short, and a decoding of 64 ticks lands in one fast or slow stretch of this machine as a whole), taken
+round-robin over the gate settings.
 
     python eval/bench_inference.py                                  # the table of docs/benchmarks.md
     python eval/bench_inference.py --batches 1,8,32 --threads 4 --dtypes fp32
@@ -213,12 +215,13 @@ def timed(fn, repeats: int, device) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -> dict:
+def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int, decode_repeats: int | None = None) -> dict:
     """Prefill ``prompt`` [B, T] and greedily decode ``new_tokens`` steps with the PonderCache, both schedules, for
     every gate setting in ``variants`` (name → biases for :func:`set_gates`; None = halting off). Every timing is the
     best of ``repeats`` runs taken round-robin: each repeat runs every variant once before the next begins, so that
     this machine's drift (identical work measured minutes apart has differed by up to 30 %) falls on all variants
-    alike rather than on whichever ran in a slow minute; the order rotates from repeat to repeat."""
+    alike rather than on whichever ran in a slow minute; the order rotates from repeat to repeat. Decodings take
+    ``decode_repeats`` (default ``repeats``) turns."""
     device = prompt.device
     warm = model(prompt[:, :8], use_cache=True)  # warm-up of both paths on a short prompt
     model(warm.logits[:, -1:].argmax(-1), cache=warm.cache, use_cache=True)
@@ -273,7 +276,7 @@ def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int) -
             return torch.cat(exits, 1)
         return run
 
-    for turn in range(repeats):
+    for turn in range(decode_repeats or repeats):
         depths = time_each("depth", {n: depth(n) for n in variants}, turn)
         locks = time_each("lockstep", {n: lockstep(n) for n in variants}, turn)
     for name, r in res.items():
@@ -321,7 +324,8 @@ def bench_dtype(args, dtype_name: str) -> list[dict]:
     f_off = model.flops_per_token(None, context=args.context)["total"]
     rows = []
     for batch in args.batches:
-        res = run_variants(model, prompts[batch], {None: None, **biases}, args.new_tokens, args.repeats)
+        res = run_variants(model, prompts[batch], {None: None, **biases}, args.new_tokens, args.repeats,
+                           args.decode_repeats or 4 * args.repeats)
         off = res[None]
         rec = None
         if batch == 1 and args.recompute_tokens:
@@ -408,6 +412,8 @@ def main(argv=None):
     ap.add_argument("--recompute-tokens", type=int, default=1, help="tokens timed for the no-cache reference (0: skip)")
     ap.add_argument("--savings", default="0,0.25,0.5", help="skipped token-pass shares the gates are calibrated to")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each prefill and decoding (best is kept)")
+    ap.add_argument("--decode-repeats", type=int, default=0,
+                    help="timed runs of each decoding (0 = 4 × --repeats; a decoding is short and its time noisy)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--dtypes", "--dtype", default="fp32,bf16", help="fp32 and/or bf16")
     ap.add_argument("--device", default="cpu")
@@ -429,7 +435,7 @@ def main(argv=None):
           "forward in lockstep (every row at the same pass, halted rows idle); halting on (a) and off (b) each decode\n"
           "with the faster of the two schedules (by = the one (a) used; ratio depth / lock = each schedule's own ratio\n"
           "against (b)); (c) no-cache recompute (PonderLM-style, batch 1). ratio = wall-clock saving / FLOP saving\n"
-          "(target ≥ 0.8); every time is the best of --repeats round-robin runs; bytes↓ = saving in bytes read per token (lock: weights\n"
+          "(target ≥ 0.8); every time is the best of --repeats (decode: --decode-repeats) round-robin runs; bytes↓ = saving in bytes read per token (lock: weights\n"
           "of every pass any row runs + K/V of active rows; depth: weights and W_out every tick, W_E in ticks that ponder,\n"
           "the gates run, K/V of every row), the bound on wall↓ where decoding is bandwidth-bound; BW% = lockstep decode tokens/s as a share of the\n"
           "memory-bandwidth limit (bytes per step / measured GEMV bandwidth); sync = host synchronisations per lockstep\n"
