@@ -40,7 +40,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config  # noqa: E402
-from adaponder.huge_pages import enable_huge_pages  # noqa: E402
 from adaponder.modeling.depth_batching import DepthBatchedDecoder  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -404,7 +403,6 @@ def print_row(r: dict) -> None:
 
 
 def main(argv=None):
-    huge = enable_huge_pages()  # as adaponder-eval does, before the model is built (THP_MEM_ALLOC_ENABLE=0: off)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="70m", help="Pythia shape (70m, 160m, ..., tiny)")
     ap.add_argument("--context", type=int, default=512, help="prompt length (decoding context)")
@@ -426,7 +424,7 @@ def main(argv=None):
     args.batches = [args.batch] if args.batch else [int(b) for b in args.batches.split(",")]
     print(f"AdaPonder inference: Pythia-{args.size} shape, random weights, on {args.device}, "
           f"{torch.get_num_threads()} threads, context {args.context}, {args.new_tokens} decode steps, "
-          f"batches {args.batches}, huge pages {'on' if huge else 'off'} (THP_MEM_ALLOC_ENABLE)")
+          f"batches {args.batches}")
     print(HEADER)
     print("-" * len(HEADER))
     rows = []

@@ -36,7 +36,6 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "eval"))
-from adaponder.huge_pages import enable_huge_pages  # noqa: E402
 
 OFF_TAU = 1e-30
 
@@ -97,7 +96,6 @@ def run(model_name: str, model_args: str | None, lm, args, task_manager) -> tupl
 
 
 def main(argv=None) -> int:
-    enable_huge_pages()  # as adaponder-eval does, before the model is built
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path, help="a saved AdaPonder checkpoint (default: build one)")
     ap.add_argument("--size", default="70m", help="shape of the built checkpoint (70m, 160m, ..., tiny)")

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.errors import cli_main, require_checkpoint
-from adaponder.huge_pages import enable_huge_pages
 
 
 def default_task_path() -> Path | None:
@@ -97,7 +96,6 @@ def checkpoint_of(argv: Sequence[str]) -> str | None:
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    enable_huge_pages()  # before the model is built (scoring streams its weights: adaponder/huge_pages.py)
     args = build_argv(sys.argv[1:] if argv is None else argv)
     if (ckpt := checkpoint_of(args)) is not None:
         require_checkpoint(ckpt)  # a missing folder would end in transformers' "Repo id must be ..." error

@@ -454,9 +454,6 @@ def check_vocab(docs: Sequence[Document], vocab_size: int) -> None:
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.huge_pages import enable_huge_pages
-
-    enable_huge_pages()  # before the model is built
     from adaponder.modeling import AdaPonderConfig
 
     from .pruning import make_policy
