@@ -215,7 +215,8 @@ def timed(fn, repeats: int, device) -> tuple[float, object]:
 
 
 @torch.no_grad()
-def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int, decode_repeats: int | None = None) -> dict:
+def run_variants(model, prompt, variants: dict, new_tokens: int, repeats: int,
+                 decode_repeats: int | None = None) -> dict:
     """Prefill ``prompt`` [B, T] and greedily decode ``new_tokens`` steps with the PonderCache, both schedules, for
     every gate setting in ``variants`` (name → biases for :func:`set_gates`; None = halting off). Every timing is the
     best of ``repeats`` runs taken round-robin: each repeat runs every variant once before the next begins, so that
@@ -435,7 +436,8 @@ def main(argv=None):
           "forward in lockstep (every row at the same pass, halted rows idle); halting on (a) and off (b) each decode\n"
           "with the faster of the two schedules (by = the one (a) used; ratio depth / lock = each schedule's own ratio\n"
           "against (b)); (c) no-cache recompute (PonderLM-style, batch 1). ratio = wall-clock saving / FLOP saving\n"
-          "(target ≥ 0.8); every time is the best of --repeats (decode: --decode-repeats) round-robin runs; bytes↓ = saving in bytes read per token (lock: weights\n"
+          "(target ≥ 0.8); every time is the best of --repeats (decode: --decode-repeats) round-robin runs;\n"
+          "bytes↓ = saving in bytes read per token (lock: weights\n"
           "of every pass any row runs + K/V of active rows; depth: weights and W_out every tick, W_E in ticks that ponder,\n"
           "the gates run, K/V of every row), the bound on wall↓ where decoding is bandwidth-bound; BW% = lockstep decode tokens/s as a share of the\n"
           "memory-bandwidth limit (bytes per step / measured GEMV bandwidth); sync = host synchronisations per lockstep\n"

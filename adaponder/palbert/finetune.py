@@ -714,7 +714,8 @@ class FineTuner:
         engine.step()
         v = (vec[3:] / self.world).tolist()
         return {"loss": v[0], "rec": v[1] if out.rec is not None else None,
-                "reg": v[2] if out.reg is not None else None, "stop": bool(vec[1] > 0), "launcher_gone": bool(vec[2] > 0)}
+                "reg": v[2] if out.reg is not None else None, "stop": bool(vec[1] > 0),
+                "launcher_gone": bool(vec[2] > 0)}
 
     def _evaluate_during_training(self) -> None:
         """Collective: dev metric under the selection rule (and always-last), best step, early stopping."""

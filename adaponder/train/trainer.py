@@ -902,6 +902,6 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals", "stop_cause",
-           "restore_signals", "StopSignals", "LauncherWatch", "launcher_chain", "deal", "EXIT_OK", "EXIT_ERROR",
-           "EXIT_NONFINITE"]
+__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals",
+           "stop_cause", "restore_signals", "StopSignals", "LauncherWatch", "launcher_chain", "deal", "EXIT_OK",
+           "EXIT_ERROR", "EXIT_NONFINITE"]
