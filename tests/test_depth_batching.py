@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder, RowPlan, TickGates, row_attention
+from adaponder.modeling.depth_batching import DecoderPrefill, DepthBatchedDecoder, RowPlan, TickGates, row_attention
 from conftest import tiny_config
 from test_cached_inference import random_model
 
@@ -180,3 +180,25 @@ def test_prefill_fills_the_decoders_layout_without_a_copy():
         step = model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
     assert step.cache.view(1, 0)[0].data_ptr() == cache.pass_buffers[0, 0, 0].data_ptr()
     assert step.cache.get_seq_length() == 11
+
+
+def test_buffers_grow_as_the_ticks_reach_their_end(monkeypatch):
+    # Rows of the transposed keys span the whole capacity, so the buffers start small and double; growing must not
+    # change a token, and a prefill decoded past its room stays reusable.
+    model, ids = random_model(4, halt_per_gate=0.5)
+    dec = DepthBatchedDecoder(model)
+    prompts = ids[:, :8]
+    roomy = dec.generate(prompts, 14)  # room for everything from the start (GROWTH 64)
+    monkeypatch.setattr(DepthBatchedDecoder, "GROWTH", 2)
+    grown, original = [], DecoderPrefill.grown
+    monkeypatch.setattr(DecoderPrefill, "grown",
+                        lambda self, capacity: grown.append((self.capacity, capacity)) or original(self, capacity))
+    small = dec.generate(prompts, 14)
+    assert torch.equal(small.sequences, roomy.sequences) and torch.equal(small.exit_pass, roomy.exit_pass)
+    assert grown == [(10, 20), (20, 22)]  # 8 + 2, doubled, then only what the 14 tokens need (8 + 14)
+    pre = dec.prefill(prompts, 8)  # no room at all: the first tick grows it
+    for _ in range(2):
+        again = dec.generate(prompts, 14, prefill=pre)
+        assert torch.equal(again.sequences, roomy.sequences) and pre.capacity == 8
+    for b in range(prompts.shape[0]):
+        assert small.sequences[b, 8:].tolist() == decode_alone(model, prompts[b], 14)[0]

@@ -22,7 +22,9 @@ weighted sums of buffer rows picked by index (``embedding_bag``), so rows at dif
 neither an SDPA call each nor a gathered copy of the cache (:func:`row_attention`). transformers' GPT-NeoX layers
 run unchanged; their attention is routed to :func:`row_attention` through ``AttentionInterface`` (the documented
 way to plug an attention function in) for the duration of the ticks. The transposed keys cost memory: the cache's
-keys are held twice while decoding.
+keys are held twice while decoding. They also cost reads in proportion to the buffer's capacity (a row of the
+transposed keys spans every position), so the buffers start with room for ``GROWTH`` new positions and double
+when the ticks reach their end, rather than holding the whole generation from the start.
 
 Scope: greedy decoding of equal-length, unpadded prompts, the threshold rule of A6 (no ``halting_policy``),
 modes ``vanilla``, ``ponderlm`` and ``adaponder``.
@@ -173,6 +175,15 @@ class DecoderPrefill:
     def capacity(self) -> int:
         return self.values.shape[4]
 
+    def grown(self, capacity: int) -> "DecoderPrefill":
+        """New buffers with room for ``capacity`` positions holding this one's (this one stays as it is: a caller
+        may decode from it again); ``output`` is shared."""
+        keys_t = self.keys_t.new_empty(*self.keys_t.shape[:-1], capacity)
+        values = self.values.new_empty(*self.values.shape[:-2], capacity, self.values.shape[-1])
+        keys_t[..., :self.capacity].copy_(self.keys_t)
+        values[..., :self.capacity, :].copy_(self.values)
+        return DecoderPrefill(self.output, keys_t, values)
+
 
 class DepthBatchedDecoder:
     """Greedy decoding with depth-wise continuous batching (see the module docstring).
@@ -181,6 +192,9 @@ class DepthBatchedDecoder:
     padding; every row gets ``max_new_tokens`` tokens (fewer when ``eos_token_id`` ends it: the rest of its row
     is ``eos_token_id`` and its exit passes 0).
     """
+
+    #: New positions the tick buffers have room for at first; they double when the ticks reach their end.
+    GROWTH = 64
 
     def __init__(self, model):
         cfg = model.config
@@ -192,8 +206,9 @@ class DepthBatchedDecoder:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
                  prefill=None, max_ticks: int | None = None) -> DepthBatchedOutput:
         """``prefill``: the prefill when the caller already ran it (a benchmark timing prefill and decoding apart) —
-        a :class:`DecoderPrefill` from :meth:`prefill`, decoded in place, or the output of ``model(input_ids,
-        use_cache=True)``, brought into the decoder's layout first. ``max_ticks``: stop after
+        a :class:`DecoderPrefill` from :meth:`prefill`, decoded in place while it has room (then in grown copies:
+        it can be decoded from again), or the output of ``model(input_ids, use_cache=True)``, brought into the
+        decoder's layout first. ``max_ticks``: stop after
         that many ticks (tokens still in flight are dropped) — a server's steady state, where a finished row's
         slot is refilled at once, measured without the tail of a batch whose last rows finish alone."""
         model, cfg = self.model, self.model.config
@@ -204,12 +219,11 @@ class DepthBatchedDecoder:
         batch, length = input_ids.shape
         K = cfg.num_passes
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
+        need = length + room  # positions the generation can reach
         if prefill is None:
-            prefill = self.prefill(input_ids, length + room)
+            prefill = self.prefill(input_ids, min(need, length + self.GROWTH))
         elif not isinstance(prefill, DecoderPrefill):
-            prefill = self.prepare(prefill, length + room)
-        elif prefill.capacity < length + room:
-            prefill = self.prepare(prefill.output, length + room)
+            prefill = self.prepare(prefill, min(need, length + self.GROWTH))
         out = prefill.output
         kv = TickKV(prefill.keys_t, prefill.values)
         heads = cfg.num_attention_heads
@@ -228,6 +242,10 @@ class DepthBatchedDecoder:
         ticks = token_passes = pondering_ticks = gate_runs = attended = 0
         with _attention_implementation(cfg, ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
+                if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
+                    prefill = prefill.grown(min(need, 2 * prefill.capacity))
+                    kv = TickKV(prefill.keys_t, prefill.values)
+                    layout["capacity"] = prefill.capacity
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
                 plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, **layout)
                 kv.index = (pass_t - 1, rows_t, pos_t)
