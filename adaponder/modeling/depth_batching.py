@@ -365,9 +365,9 @@ class DepthBatchedDecoder:
 
     def new_cache(self, batch: int, capacity: int, device=None) -> PonderCache:
         """An empty :class:`PonderCache` in the decoder's layout (one ``[layers, 2, K, B, heads, capacity, hd]`` tensor
-        of keys and values) for the prefill to fill: decoding then starts without copying the values (the keys are copied
-once, transposed: :meth:`prepare`). Lockstep
-        decoding (the cached ``forward``) can use it too while it has room."""
+        of keys and values) for the prefill to fill: decoding then starts without copying the values (the keys are
+        copied once, transposed: :meth:`prepare`). Lockstep decoding (the cached ``forward``) can use it too while it
+        has room."""
         cfg = self.model.config
         heads = cfg.num_attention_heads
         shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
