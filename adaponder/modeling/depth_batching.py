@@ -227,8 +227,7 @@ class DepthBatchedDecoder:
         out = prefill.output
         kv = TickKV(prefill.keys_t, prefill.values)
         heads = cfg.num_attention_heads
-        layout = dict(batch=prefill.values.shape[2], heads=heads, head_dim=cfg.hidden_size // heads,
-                      capacity=prefill.capacity)
+        layout = dict(batch=prefill.values.shape[2], heads=heads, head_dim=cfg.hidden_size // heads)
         gates = TickGates(model.gates) if len(model.gates) else None
         device = input_ids.device
         tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
@@ -245,9 +244,8 @@ class DepthBatchedDecoder:
                 if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
                     prefill = prefill.grown(min(need, 2 * prefill.capacity))
                     kv = TickKV(prefill.keys_t, prefill.values)
-                    layout["capacity"] = prefill.capacity
                 rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-                plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, **layout)
+                plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
                 kv.index = (pass_t - 1, rows_t, pos_t)
                 h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
                 ticks += 1
@@ -347,15 +345,15 @@ class DepthBatchedDecoder:
         cfg, cache = self.model.config, output.cache
         length = cache.get_seq_length()
         kv = self._layout(cache, capacity)
-        if kv is not None:
+        if kv is not None:  # the values stay where the prefill wrote them
             values = kv[:, 1]
-        else:
-            b, h, _, hd = cache.view(1, 0)[1].shape
-            values = cache.view(1, 0)[1].new_empty(cfg.num_hidden_layers, cfg.num_passes, b, h, capacity, hd)
-        keys_t = values.new_empty(*values.shape[:4], values.shape[5], values.shape[4])
-        if kv is not None:
+            keys_t = values.new_empty(*values.shape[:4], values.shape[5], capacity)
             keys_t[..., :length].copy_(kv[:, 0, :, :, :, :length].transpose(-1, -2))
             return DecoderPrefill(output, keys_t, values)
+        v = cache.view(1, 0)[1]
+        b, h, _, hd = v.shape
+        values = v.new_empty(cfg.num_hidden_layers, cfg.num_passes, b, h, capacity, hd)
+        keys_t = values.new_empty(*values.shape[:4], hd, capacity)
         for layer in range(cfg.num_hidden_layers):
             for p in range(cfg.num_passes):
                 k, v = cache.view(p + 1, layer)
