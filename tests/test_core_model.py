@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from torch import nn
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXModel
 
 from adaponder.modeling import AdaPonderForCausalLM, ponder_loss
+from adaponder.modeling.modeling_adaponder import PythiaBackbone, SkinnyLinear
 from conftest import tiny_config
 
 NEOX_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -39,6 +41,23 @@ def batch_with_padding(vocab=97, seed=0):
 def make(mode="adaponder", seed=0, **kw):
     torch.manual_seed(seed)
     return AdaPonderForCausalLM(tiny_config(mode, **kw)).eval()
+
+
+def test_backbone_is_gpt_neox_with_skinny_linears_holding_the_same_weights():
+    """The backbone swaps its layers' nn.Linear modules for SkinnyLinear ones holding the same parameters: names,
+    state dict and (seeded) initial weights stay transformers' own, and no plain nn.Linear is left in the layers."""
+    cfg = tiny_config("vanilla")
+    torch.manual_seed(0)
+    ours = PythiaBackbone(cfg)
+    torch.manual_seed(0)
+    ref = GPTNeoXModel(GPTNeoXConfig(**{k: getattr(cfg, k) for k in NEOX_KEYS},
+                                     rope_parameters=dict(cfg.rope_parameters)))
+    a, b = ours.state_dict(), ref.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    linears = [m for m in ours.layers.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is SkinnyLinear for m in linears)
+    assert len(linears) == sum(isinstance(m, nn.Linear) for m in ref.layers.modules())
 
 
 # -- acceptance 1: vanilla == transformers.GPTNeoXForCausalLM --------------------------------------
