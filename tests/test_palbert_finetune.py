@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from adaponder.palbert.config import FinetuneConfigError, load_finetune_config
-from adaponder.palbert.finetune import load_glue_tokenizer, results_markdown
+from adaponder.palbert.finetune import load_glue_tokenizer
+from adaponder.palbert.results import results_markdown
 from helpers_finetune import SMOKE, FinetuneWorker, deepspeed_finetune, finetune_argv, free_port, sets
 from helpers_train import cpu_env
 

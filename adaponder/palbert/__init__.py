@@ -7,8 +7,10 @@
 * :mod:`adaponder.palbert.classifier` — ``AdaPonderForSequenceClassification`` on the recurrent core
   (B1–B7) with online early exit (``predict``), and ``PalbertConfig``.
 * :mod:`adaponder.palbert.config` / :mod:`adaponder.palbert.finetune` — the typed fine-tuning config and
-  the GLUE recipe behind ``launch/finetune_glue.py`` (B8, every exit rule, timing), on the pretraining
-  trainer's process group, DeepSpeed engine, checkpoints (resume), metrics sink and signal handling.
+  the GLUE recipe behind ``launch/finetune_glue.py`` (B8), on the pretraining trainer's process group,
+  DeepSpeed engine, checkpoints (resume), metrics sink and signal handling.
+* :mod:`adaponder.palbert.rule_evaluation` / :mod:`adaponder.palbert.results` — every exit rule's dev metrics
+  and timing from one N-pass forward, and the run's results table.
 
 Importing the package imports only torch and numpy; the model and recipe names below load their modules
 (and transformers, DeepSpeed, scikit-learn, scipy) on first use.

@@ -18,6 +18,10 @@ sink (``metrics.jsonl``, console, wandb) and SIGTERM/SIGINT handling. The phases
 3. **online** — the online (early-exit) path checked against the offline rule (rank 0);
 4. **timing** — time per example with early exit vs always-last at batch 1 and 32 (rank 0).
 
+The rules' evaluation and timing live in :mod:`adaponder.palbert.rule_evaluation`, the results table in
+:mod:`adaponder.palbert.results`; this module holds the run: tokenizer and model set-up, the training loop, the
+phases' order, checkpoints and results files.
+
 Each phase shows a tqdm progress bar (rank 0). ``results.json`` — and ``results.md`` once the dev phase is
 done — is rewritten atomically as each phase ends (``phases`` lists the finished ones, ``complete`` turns
 true at the end), so an interrupted run leaves the results of its finished phases. ``--resume auto``
@@ -38,7 +42,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,7 +53,6 @@ import torch.distributed as dist
 
 from adaponder.core_modes import classifier_core_mode
 from adaponder.data.glue_datasets import load_glue_examples
-from adaponder.evaluation.accounting import exit_counts
 from adaponder.hub import HubError, describe, is_hub_id, resolve_pretrained
 from adaponder.palbert.classifier import (
     AdaPonderForSequenceClassification,
@@ -68,6 +71,16 @@ from adaponder.palbert.glue import (
 )
 from adaponder.palbert.metrics import glue_metrics
 from adaponder.palbert.pondernet import rules_for_method
+from adaponder.palbert.results import results_markdown
+from adaponder.palbert.rule_evaluation import (
+    RULE_NAMES,
+    evaluate_rules,
+    forward_all,
+    padded_batches,
+    predict_all,
+    time_rules,
+    timing_units,
+)
 from adaponder.seeding import seed_everything
 from adaponder.train import metrics as M
 from adaponder.train.checkpoint import (
@@ -101,19 +114,10 @@ __all__ = [
     "TINY_RANDOM",
     "resolve_init",
     "build_classifier",
-    "forward_all",
-    "evaluate_rules",
-    "time_rules",
     "FineTuner",
     "run_finetune",
-    "results_markdown",
-    "PHASES",
 ]
 
-RULE_NAMES = {"q": "Q-exit", "sample": "sampling", "expectation": "expectation", "last": "always-last",
-              "pabee": "PABEE"}
-#: The phases of a run, in order; ``results.json`` lists the finished ones under ``phases``.
-PHASES = ("train", "dev", "online", "timing")
 #: ``--init`` of a randomly initialised ``tiny`` preset core (smoke runs).
 TINY_RANDOM = "tiny-random"
 
@@ -214,206 +218,6 @@ def build_classifier(cfg: FinetuneConfig, init: str, spec: GlueTaskSpec, seed: i
 def _set_attention(model: AdaPonderForSequenceClassification, impl: str) -> None:
     model.config._attn_implementation = impl
     model.core.config._attn_implementation = impl
-
-
-# ---------------------------------------------------------------------------------------------- evaluation
-
-
-def _batches(ids: Sequence[Sequence[int]], labels: Sequence, batch_size: int, pad_id: int, order=None):
-    idx = list(range(len(ids))) if order is None else list(order)
-    for start in range(0, len(idx), batch_size):
-        chunk = idx[start:start + batch_size]
-        yield pad_batch([ids[i] for i in chunk], [labels[i] for i in chunk], pad_id=pad_id)
-
-
-_OUTPUT_KEYS = ("pass_logits", "lambda_logits", "lambdas", "p")
-
-
-@torch.no_grad()
-def forward_all(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence[int]], labels: Sequence,
-                batch_size: int, pad_id: int, *, engine=None, shard: tuple[int, int] | None = None,
-                progress: Callable[[int], None] | None = None) -> PalbertOutput:
-    """All N passes for every example (eval mode, no early exit): per-pass outputs, λ, p, concatenated.
-
-    ``engine``: run the forward through this DeepSpeed engine (wrapping ``model``). ``shard = (rank, world)``
-    with ``world > 1`` is collective: each rank computes every ``world``-th example, padded to the same count
-    so every rank runs the same module sequence (ZeRO-3 gathers parameters module by module), and every rank
-    gets all outputs back in order. ``progress(1)`` after each batch.
-    """
-    rank, world = shard or (0, 1)
-    n = len(ids)
-    order = list(range(n))
-    if world > 1:
-        mine = order[rank::world]
-        order = mine + [0] * (-(-n // world) - len(mine))
-    runner = engine if engine is not None else model
-    was = model.training
-    runner.eval()
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in _OUTPUT_KEYS}
-    device = _device_of(model) if engine is None else engine.device
-    try:
-        for batch in _batches(ids, labels, batch_size, pad_id, order):
-            out = runner(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-            for key in parts:
-                val = getattr(out, key)
-                if val is not None:
-                    parts[key].append(val.float().cpu())
-            if progress is not None:
-                progress(1)
-    finally:
-        runner.train(was)
-    cat = {k: torch.cat(v) if v else None for k, v in parts.items()}
-    if world > 1:
-        boxes: list[Any] = [None] * world
-        dist.all_gather_object(boxes, cat)
-        for key in _OUTPUT_KEYS:
-            if boxes[0][key] is None:
-                continue
-            full = boxes[0][key].new_empty((n, *boxes[0][key].shape[1:]))
-            for r in range(world):
-                full[r::world] = boxes[r][key][:len(range(r, n, world))]
-            cat[key] = full
-    return PalbertOutput(logits=cat["pass_logits"][:, -1], **cat)
-
-
-def _rule_stats(task: str, outputs: torch.Tensor, exit_idx: torch.Tensor, labels: Sequence, n: int,
-                regression: bool) -> dict[str, Any]:
-    preds = predictions_from_outputs(outputs, regression)
-    metrics = glue_metrics(task, preds.numpy(), list(labels))
-    mean_exit = float((exit_idx + 1).float().mean())
-    hist = exit_counts(exit_idx + 1, n).tolist()
-    return {"metrics": metrics, "mean_exit_pass": mean_exit, "speedup": n / mean_exit, "exit_histogram": hist}
-
-
-def evaluate_rules(model: AdaPonderForSequenceClassification, out: PalbertOutput, labels: Sequence,
-                   spec: GlueTaskSpec, rules: Sequence[str], *, q: float, patience: int, sample_draws: int = 1,
-                   seed: int = 0, progress: Callable[[int], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Every rule's dev metrics from one offline forward (identical to online early exit, see tests).
-
-    ``sample`` is averaged over ``sample_draws`` seeded draws (metrics and exit passes; ``draws`` keeps each).
-    ``progress(1)`` after each rule (each draw of ``sample``).
-    """
-    cfg = model.config
-    n = cfg.palbert_passes
-    main = spec.main_metric
-    tick = progress or (lambda k: None)
-    res: dict[str, dict[str, Any]] = {}
-    for rule in rules:
-        kw = dict(q=q, patience=patience, regression=cfg.is_regression,
-                  regression_threshold=cfg.pabee_regression_threshold)
-        if rule == "sample":
-            draws = []
-            for k in range(sample_draws):
-                gen = _generator(out.pass_logits.device, seed * 1000 + k)
-                outputs, idx = offline_exit(out, rule, generator=gen, **kw)
-                draws.append(_rule_stats(spec.name, outputs, idx, labels, n, cfg.is_regression))
-                tick(1)
-            stats = {
-                "metrics": {k: float(sum(d["metrics"][k] for d in draws) / len(draws)) for k in draws[0]["metrics"]},
-                "mean_exit_pass": sum(d["mean_exit_pass"] for d in draws) / len(draws),
-                "exit_histogram": [sum(d["exit_histogram"][i] for d in draws) / len(draws) for i in range(n)],
-                "draws": [d["metrics"][main] for d in draws],
-            }
-            stats["speedup"] = n / stats["mean_exit_pass"]
-        else:
-            outputs, idx = offline_exit(out, rule, **kw)
-            stats = _rule_stats(spec.name, outputs, idx, labels, n, cfg.is_regression)
-            tick(1)
-        stats["main"] = float(stats["metrics"][main])
-        res[rule] = stats
-    return res
-
-
-def _device_of(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _predict_all(model, batches, rule, q, patience, seed=0, progress: Callable[[int], None] | None = None):
-    device = _device_of(model)
-    gen = _generator(device, seed)
-    preds, exits = [], []
-    for batch in batches:
-        r = model.predict(batch["input_ids"].to(device), batch["attention_mask"].to(device), rule, q=q,
-                          patience=patience, generator=gen)
-        preds.append(r.outputs.float().cpu())
-        exits.append(r.exit_pass.cpu())
-        if progress is not None:
-            progress(1)
-    return torch.cat(preds), torch.cat(exits)
-
-
-def timing_units(n_examples: int, batch_sizes: Sequence[int], repeats: int) -> int:
-    """How many ``progress`` ticks :func:`time_rules` makes: one per batch and round (warm-up included)."""
-    return sum(-(-n_examples // bs) for bs in batch_sizes) * (repeats + 1)
-
-
-def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence[int]], pad_id: int, *,
-               rules: Sequence[str], batch_sizes: Sequence[int], repeats: int, q: float, patience: int,
-               threads: int = 0, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Measured time per example of online inference with each rule vs always-last (B9: passes after the
-    exit are not computed).
-
-    Every batch is run ``repeats`` times with each rule, the rules interleaved, after one untimed warm-up;
-    a batch's time is its fastest run and a rule's time is the sum over batches — so a stall caused by
-    other processes hits no rule more than another. ``threads`` (0 = unchanged) sets torch's intra-op
-    threads meanwhile; 1 is the most stable on a shared machine. ``ratio_to_ideal`` = measured speed-up
-    (t_last / t_rule) / ideal speed-up (N / mean exit pass). ``progress(1)`` after each batch and round
-    (:func:`timing_units` in all); it may raise to stop the measurement.
-    """
-    n = model.config.palbert_passes
-    rules = list(dict.fromkeys([*rules, "last"]))
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    model.eval()
-    device = _device_of(model)
-    out: dict[str, Any] = {"examples": len(ids), "threads": torch.get_num_threads(), "repeats": repeats,
-                           "device": str(device)}
-    try:
-        for bs in batch_sizes:
-            batches = [{k: v.to(device) for k, v in b.items()} for b in _batches(ids, [0] * len(ids), bs, pad_id)]
-            total = {r: 0.0 for r in rules}
-            exits: dict[str, list[torch.Tensor]] = {r: [] for r in rules}
-            for bi, batch in enumerate(batches):
-                best = {r: math.inf for r in rules}
-                for rep in range(repeats + 1):  # round 0 warms up and is not timed
-                    for rule in rules:
-                        gen = _generator(device, bi)
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        res = model.predict(batch["input_ids"], batch["attention_mask"], rule, q=q,
-                                            patience=patience, generator=gen)
-                        _sync(device)
-                        dt = time.perf_counter() - t0
-                        if rep == 0:
-                            exits[rule].append(res.exit_pass.cpu())
-                        else:
-                            best[rule] = min(best[rule], dt)
-                    if progress is not None:
-                        progress(1)
-                for rule in rules:
-                    total[rule] += best[rule]
-            entry: dict[str, Any] = {}
-            for rule in rules:
-                mean_exit = float(torch.cat(exits[rule]).float().mean())
-                measured = total["last"] / total[rule]
-                ideal = n / mean_exit
-                entry[rule] = {"sec_per_example": total[rule] / len(ids), "mean_exit_pass": mean_exit,
-                               "measured_speedup": measured, "ideal_speedup": ideal,
-                               "ratio_to_ideal": measured / ideal}
-            out[f"batch_{bs}"] = entry
-    finally:
-        torch.set_num_threads(old_threads)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -886,14 +690,14 @@ class FineTuner:
 
         # -- online: examples leave the batch as they exit; must agree with the offline rule ---------------
         sel = self.select_rule
-        batches = list(_batches(self.dev_ids, self.dev_y, 32, self.tokenizer.pad_id))
+        batches = list(padded_batches(self.dev_ids, self.dev_y, 32, self.tokenizer.pad_id))
         bar = self._bar(len(batches), f"online {RULE_NAMES[sel]}")
         try:
             def tick_online(k: int) -> None:
                 bar.update(k)
                 self._check_stop("online", collective=False)
 
-            online_out, online_exit = _predict_all(plain, batches, sel, ecfg.q, ecfg.patience, progress=tick_online)
+            online_out, online_exit = predict_all(plain, batches, sel, ecfg.q, ecfg.patience, progress=tick_online)
         finally:
             bar.close()
         off_outputs, off_idx = offline_exit(out, sel, q=ecfg.q, patience=ecfg.patience, regression=regression,
@@ -1013,66 +817,3 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = 
     finally:
         tuner.close()
         torch.set_num_threads(threads)
-
-
-# ------------------------------------------------------------------------------------------------ report
-
-
-def _fmt(x: float | None, digits: int = 4) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    return f"{x:.{digits}f}"
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    """The results table: metric per exit rule, mean exit pass, speed-up N / mean exit pass, and measured
-    time per example (ms) at each timed batch size with the measured speed-up over always-last. A run whose
-    later phases did not finish says which ones are missing."""
-    n = results["num_passes"]
-    rules = results["dev"]["rules"]
-    metric_names = list(next(iter(rules.values()))["metrics"])
-    timing = results.get("timing") or {}
-    batch_keys = [k for k in timing if k.startswith("batch_")]
-    head = ["exit rule", *metric_names, "mean exit pass", f"speed-up (N={n} / mean)"]
-    for bk in batch_keys:
-        b = bk.split("_")[1]
-        head += [f"ms/example @{b}", f"measured speed-up @{b}", f"ratio to ideal @{b}"]
-    lines = [f"## {results['task']} — {results['method']} (N={n}, core {results['core_mode']}, "
-             f"seed {results['seed']})",
-             "",
-             f"dev examples: {results['data']['dev_examples']}; train examples: {results['data']['train_examples']}; "
-             f"best step {results['train']['best_step']} of {results['train']['steps']} "
-             f"(selected on {results['main_metric']} with {RULE_NAMES[results['select_rule']]}); "
-             f"q = {results['q']}, PABEE patience = {results['patience']}",
-             "",
-             "| " + " | ".join(head) + " |",
-             "|" + "|".join(["---"] * len(head)) + "|"]
-    for rule, st in rules.items():
-        row = [RULE_NAMES[rule], *[_fmt(st["metrics"][k]) for k in metric_names], _fmt(st["mean_exit_pass"], 2),
-               _fmt(st["speedup"], 2)]
-        for bk in batch_keys:
-            t = timing[bk].get(rule)
-            row += ["—", "—", "—"] if t is None else [_fmt(1000 * t["sec_per_example"], 3),
-                                                     _fmt(t["measured_speedup"], 2), _fmt(t["ratio_to_ideal"], 2)]
-        lines.append("| " + " | ".join(row) + " |")
-    per_pass = results["dev"].get("per_pass")
-    if per_pass:
-        lines += ["", f"{results['main_metric']} at each pass (no exit rule): "
-                  + ", ".join(f"{i + 1}: {_fmt(v)}" for i, v in enumerate(per_pass))]
-    if results["dev"].get("mean_p"):
-        lines += ["mean exit distribution p (B4): " + ", ".join(f"{v:.3f}" for v in results["dev"]["mean_p"])]
-    maj = results.get("majority_baseline")
-    if maj:
-        lines += ["", "majority class: " + ", ".join(f"{k} {_fmt(v)}" for k, v in maj.items())]
-    on = results.get("online")
-    if on and on["exit_agreement"] is not None:
-        lines += [f"online {RULE_NAMES[on['rule']]} (examples leave the batch): {results['main_metric']} "
-                  f"{_fmt(on['metrics'][results['main_metric']])}, exit agreement with offline "
-                  f"{on['exit_agreement']:.4f}"]
-    if timing:
-        lines += [f"timing: {timing['examples']} dev examples, {timing['threads']} thread(s), each batch the "
-                  f"best of {timing['repeats']} interleaved runs; speed-up measured against always-last"]
-    missing = [p for p in PHASES if p not in results.get("phases", PHASES)]
-    if missing:
-        lines += ["", f"**incomplete run**: phases not finished: {', '.join(missing)} (rerun with --resume auto)"]
-    return "\n".join(lines) + "\n"
