@@ -78,19 +78,7 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
 class SkinnyLinear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
     run by blocks of the weight on the CPU, where MKL's own GEMV is slow (:func:`~.pondering.skinny`). Used for the
-    output head, the gates' input layers and, in place of transformers' ``nn.Linear``, the backbone layers' linear
-    maps (:meth:`holding`)."""
-
-    @classmethod
-    def holding(cls, linear: nn.Linear) -> SkinnyLinear:
-        """A ``SkinnyLinear`` that holds ``linear``'s own parameters (the same tensors: nothing is copied or
-        re-initialised; transformers' initialised-flag travels with the module)."""
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-        new.weight, new.bias = linear.weight, linear.bias
-        new.train(linear.training)
-        if hasattr(linear, "_is_hf_initialized"):
-            new._is_hf_initialized = linear._is_hf_initialized
-        return new
+    output head, the gates' input layers and, retyped in place, the backbone layers' linear maps."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return skinny_linear(x, self.weight, self.bias)
@@ -280,12 +268,14 @@ class PythiaBackbone(GPTNeoXModel):
 
     def __init__(self, config: AdaPonderConfig):
         super().__init__(config)
-        # the layers' linear maps, swapped for SkinnyLinear modules holding the same parameters (same names and
-        # state dict), so that a decode step's few-row products run blocked
-        for parent in list(self.layers.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, SkinnyLinear.holding(child))
+        # The layers' nn.Linear instances become SkinnyLinear (a subclass: same parameters, names and state dict)
+        # so that a decode step's few-row products run blocked. The instances are retyped (as
+        # torch.nn.utils.parametrize does) rather than replaced by new modules: under ZeRO-3 the layers are built
+        # inside deepspeed.zero.Init, which hooks every module constructed there; building replacements inside it
+        # left the process with partitioned parameters in the next model it built (a ZeRO-1 run after a ZeRO-3 one).
+        for module in self.layers.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = SkinnyLinear
 
     @torch.no_grad()
     def _init_weights(self, module):
