@@ -150,7 +150,7 @@ def main(argv=None) -> int:
 
     from adaponder.palbert.config import load_finetune_config
     from adaponder.palbert.finetune import run_finetune
-    from adaponder.train.trainer import TrainingStopped
+    from adaponder.train.stopping import TrainingStopped
 
     out = Path(args.out)
     summaries = []

@@ -51,7 +51,8 @@ _MEASURE = textwrap.dedent(r"""
     from adaponder.train.ds_config import build_ds_config
     from adaponder.train.optim import GuardedAdamW, param_groups
     from adaponder.train.schedule import ponder_schedule
-    from adaponder.train.trainer import create_engine, init_distributed, training_loss
+    from adaponder.train.distributed import create_engine, init_distributed
+    from adaponder.train.trainer import training_loss
 
     def rss():
         with open("/proc/self/statm") as fh:

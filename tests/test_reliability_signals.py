@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from adaponder.train.trainer import LauncherWatch, deal
+from adaponder.train.distributed import deal
+from adaponder.train.stopping import LauncherWatch
 from helpers_train import (REPO, cpu_env, free_port, read_metrics, signal_deepspeed_launch, tiny_train_config, write_config)
 
 
@@ -87,7 +88,7 @@ def test_deal_gives_every_batch_to_one_rank_and_equal_forward_counts(n, world):
 
 
 def test_watch_is_not_started_outside_a_launcher():
-    from adaponder.train.trainer import install_stop_signals, restore_signals
+    from adaponder.train.stopping import install_stop_signals, restore_signals
 
     old = install_stop_signals(lambda s: None)
     try:
@@ -98,7 +99,7 @@ def test_watch_is_not_started_outside_a_launcher():
 
 
 def test_stop_cause_names_own_signal_then_a_launcher_gone_anywhere_then_another_rank():
-    from adaponder.train.trainer import stop_cause
+    from adaponder.train.stopping import stop_cause
 
     assert stop_cause(signal.SIGINT, True) == "received SIGINT"  # this rank's own signal names the stop
     assert stop_cause(None, True) == "a launcher process is gone"  # another rank's watch saw it first

@@ -53,7 +53,7 @@ def zero_runs(data, tmp_path_factory):
 
 def test_cpu_launches_leave_no_shared_memory_behind(zero_runs):
     """DeepSpeed's CPU all-reduce names a 69 MB /dev/shm segment per rank and never unlinks it (see
-    trainer._release_shm_name)."""
+    distributed._release_shm_name)."""
     left = [f for stage in (1, 2, 3) for f in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{PORTS[f'z{stage}']}_*")]
     assert left == []
 

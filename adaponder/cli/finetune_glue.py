@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from adaponder.palbert.config import load_finetune_config
     from adaponder.palbert.finetune import run_finetune
     from adaponder.resources import find_config
-    from adaponder.train.trainer import TrainingStopped
+    from adaponder.train.stopping import TrainingStopped
 
     # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.
     overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])

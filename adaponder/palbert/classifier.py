@@ -288,7 +288,7 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
     def external_parameters(self) -> list[nn.Parameter]:
         """Parameters read outside their own module's ``forward``: the pondering feedback (A4) uses the core's
         ``W_out`` and ``W_E`` directly; loop feedback reads none. DeepSpeed ZeRO-3 gathers them for the whole
-        forward once registered (``adaponder.train.trainer.create_engine``)."""
+        forward once registered (``adaponder.train.distributed.create_engine``)."""
         return [] if self.config.mode == "loop" else self.core.external_parameters()
 
     @property

@@ -4,6 +4,7 @@ Entry point: ``deepspeed launch/pretrain.py --config configs/pythia410m.yaml`` (
 process). Modules: :mod:`.config` (typed YAML config), :mod:`.schedule` (lr, A13, A14), :mod:`.ds_config`
 (generated DeepSpeed config), :mod:`.optim` (guarded AdamW), :mod:`.checkpoint` (crash-safe checkpoints),
 :mod:`.metrics` (logging), :mod:`.report` (validation report), :mod:`.export` (Hugging Face export),
+:mod:`.distributed` (process group, engine), :mod:`.stopping` (signals, exit codes),
 :mod:`.trainer` (the loop).
 """
 

@@ -14,7 +14,8 @@ One optimizer step:
 
 Stopping: SIGTERM/SIGINT on any rank, or the death of a launcher process above a rank (the ``deepspeed``
 runner signalled alone would otherwise orphan the ranks), sets the stop flag of step 3; every rank then saves
-the checkpoint together and exits with 128+signal.
+the checkpoint together and exits with 128+signal. The process group and the engine are :mod:`.distributed`'s, the
+signal handlers, launcher watch and exit codes :mod:`.stopping`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import math
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -37,227 +37,19 @@ from . import metrics as M
 from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
                          read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
+from .distributed import broadcast_error, create_engine, deal, init_distributed
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
 from .schedule import learning_rate, ponder_schedule, stage
+from .stopping import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped, install_stop_signals,
+                       restore_signals, stop_cause)
 
-EXIT_OK, EXIT_ERROR, EXIT_NONFINITE = 0, 2, 3
 
 # Model-config fields that a checkpoint and the resuming run must agree on.
 _STRUCTURAL = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale", "embedding_multiplier",
                "use_parallel_residual", "tie_word_embeddings", "max_position_embeddings")
-
-
-class TrainingStopped(RuntimeError):
-    """The run stopped before its last step for a reason the user must see (exit code attached)."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# -- process group ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_distributed() -> tuple[int, int, int]:
-    """Join the launcher's process group (``deepspeed``/``torchrun`` set RANK, WORLD_SIZE, ...), or make a
-    1-rank group for a plain ``python launch/pretrain.py``. Returns (rank, local_rank, world_size)."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    acc = get_accelerator()
-    if not dist.is_initialized():
-        # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
-        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
-        if acc.device_name() == "cpu":
-            _release_shm_name(dist.get_rank())
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if acc.device_name() != "cpu":
-        acc.set_device(local_rank)
-    return dist.get_rank(), local_rank, dist.get_world_size()
-
-
-def _release_shm_name(rank: int) -> None:
-    """DeepSpeed's CPU all-reduce creates one named shared-memory segment per rank (``/dev/shm/deepspeed_allreduce_
-    buffer_<uid>_<addr>_<port>_<rank>``, 69 MB) and never unlinks it: every CPU launch left them behind, in RAM, until
-    reboot. Once every rank has opened every segment (the barrier), the names can go; the mappings stay valid until
-    the processes exit, and then the memory is freed."""
-    dist.barrier()
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
-    (Path("/dev/shm") / name).unlink(missing_ok=True)
-
-
-def _broadcast_error(message: str | None) -> str | None:
-    """Share rank 0's error (or None) with every rank, so all of them fail together instead of hanging."""
-    box = [message]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
-    """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
-    that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
-    pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
-    import deepspeed
-
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
-                                           dist_init_required=False)
-    if ds_config.get("zero_optimization", {}).get("stage") == 3:
-        module = engine.module
-        for p in module.external_parameters():
-            deepspeed.zero.register_external_parameter(module, p)
-    return engine
-
-
-class StopSignals(dict):
-    """The handlers replaced by :func:`install_stop_signals` (signal → handler) and its launcher watch."""
-
-    watch: LauncherWatch | None = None
-
-
-def install_stop_signals(on_stop, on_gone=None) -> StopSignals:
-    """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
-    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). In a rank started by a launcher
-    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_gone()`` (default
-    ``on_stop(SIGTERM)``; :class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills
-    it, and the ranks would otherwise train on, orphaned. Returns the previous handlers, for
-    :func:`restore_signals`."""
-    sigints = [0]
-
-    def handler(signum, frame):
-        if signum == signal.SIGINT:
-            sigints[0] += 1
-            if sigints[0] > 1:
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        on_stop(signum)
-
-    old = StopSignals({s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)})
-    chain = launcher_chain()
-    if chain:
-        old.watch = LauncherWatch(chain, on_gone or (lambda: on_stop(signal.SIGTERM)))
-        old.watch.start()
-    return old
-
-
-def stop_cause(own_signal: int | None, any_launcher_gone: bool) -> str:
-    """What rank 0's stop message says stopped the ranks: its own signal, else a launcher process gone on any rank
-    (all-reduced: the rank whose watch saw it first may be another), else a signal on another rank."""
-    if own_signal is not None:
-        return f"received {signal.Signals(own_signal).name}"
-    return "a launcher process is gone" if any_launcher_gone else "received a signal on another rank"
-
-
-def restore_signals(old_handlers: dict) -> None:
-    for s, h in old_handlers.items():
-        signal.signal(s, h)
-    watch = getattr(old_handlers, "watch", None)
-    if watch is not None:
-        watch.stop()
-
-
-# Launchers whose processes stand between a scheduler and the ranks: a module name or a script's file name
-# within the first arguments of their command line.
-_LAUNCHER_MODULES = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "torch.distributed.run",
-                     "torch.distributed.launch")
-_LAUNCHER_SCRIPTS = ("deepspeed", "ds", "torchrun")
-
-
-def launcher_chain() -> list:
-    """The launcher processes above this one (``psutil.Process``; parent first): the parent and its ancestors as
-    long as each is a DeepSpeed / torch launcher. Empty for a process not started by one (``python ...``), which
-    must not stop when its shell goes away (``nohup``)."""
-    try:
-        import psutil
-    except ImportError:  # (a DeepSpeed dependency; without it there is nothing to watch with)
-        return []
-    chain = []
-    try:
-        proc = psutil.Process().parent()
-        while proc is not None and proc.pid > 1:
-            head = proc.cmdline()[:4]
-            if not any(a in _LAUNCHER_MODULES or os.path.basename(a) in _LAUNCHER_SCRIPTS for a in head):
-                break
-            chain.append(proc)
-            proc = proc.parent()
-    except psutil.Error:
-        pass
-    return chain
-
-
-class LauncherWatch:
-    """A daemon thread that calls ``on_gone()`` once when a process of ``chain`` exits (or is a zombie), or this
-    process is re-parented, checked every ``interval`` seconds. Portable (psutil), unlike ``PR_SET_PDEATHSIG``,
-    which is Linux-only, fires on the death of the parent *thread*, and sees the parent only."""
-
-    def __init__(self, chain: list, on_gone, interval: float = 1.0):
-        import threading
-
-        self.chain, self.on_gone, self.interval = chain, on_gone, interval
-        self._names = {}
-        for proc in chain:
-            try:
-                self._names[proc.pid] = proc.name()
-            except Exception:  # (psutil.Error: it is gone already; the first check will see that)
-                self._names[proc.pid] = "?"
-        self._ppid = os.getppid()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="adaponder-launcher-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _gone(self):
-        import psutil
-
-        if os.getppid() != self._ppid:
-            return self.chain[0]
-        for proc in self.chain:
-            try:
-                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-                    return proc
-            except psutil.Error:
-                return proc
-        return None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            gone = self._gone()
-            if gone is not None:
-                if int(os.environ.get("RANK", "0")) == 0:
-                    M.write_console(f"the launcher process {gone.pid} ({self._names.get(gone.pid, '?')}) is gone: "
-                                    "stopping as on SIGTERM (a checkpoint at the end of this step)")
-                self.on_gone()
-                return
-
-
-def deal(batches, rank: int, world_size: int):
-    """``(batch, counted)`` for ``rank``: the batches dealt out in turn (rank ``r`` gets every ``world_size``-th
-    from the ``r``-th), so the ranks together cover each batch once, whatever their number. If the last round is
-    short, the ranks left out get its first batch with ``counted`` False: under ZeRO-3 every rank must run as
-    many forward calls as the others."""
-    round_ = []
-    for x in batches:
-        round_.append(x)
-        if len(round_) == world_size:
-            yield round_[rank], True
-            round_ = []
-    if round_:
-        yield (round_[rank], True) if rank < len(round_) else (round_[0], False)
 
 
 def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -393,7 +185,7 @@ class Trainer:
                             train_tokenizer=cfg.data.train_tokenizer)
                 except (DataError, ValueError) as e:
                     err = f"preparing data.prepare into {path}: {e}"
-            err = _broadcast_error(err)
+            err = broadcast_error(err)
             if err:
                 raise DataError(err)
         # A tokenizer trained by ``prepare --train-tokenizer`` lives next to the shards and is the default.
@@ -902,6 +694,4 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["Trainer", "TrainingStopped", "run", "init_distributed", "create_engine", "install_stop_signals",
-           "stop_cause", "restore_signals", "StopSignals", "LauncherWatch", "launcher_chain", "deal", "EXIT_OK",
-           "EXIT_ERROR", "EXIT_NONFINITE"]
+__all__ = ["Trainer", "run", "training_loss"]

@@ -1,0 +1,92 @@
+"""The process group and the DeepSpeed engine: one rank under ``python``, N under ``deepspeed --num_gpus N``
+(or ``torchrun``), and how batches are dealt out to the ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int, int]:
+    """Join the launcher's process group (``deepspeed``/``torchrun`` set RANK, WORLD_SIZE, ...), or make a
+    1-rank group for a plain ``python launch/pretrain.py``. Returns (rank, local_rank, world_size)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    acc = get_accelerator()
+    if not dist.is_initialized():
+        # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
+        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
+        if acc.device_name() == "cpu":
+            _release_shm_name(dist.get_rank())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if acc.device_name() != "cpu":
+        acc.set_device(local_rank)
+    return dist.get_rank(), local_rank, dist.get_world_size()
+
+
+def _release_shm_name(rank: int) -> None:
+    """DeepSpeed's CPU all-reduce creates one named shared-memory segment per rank (``/dev/shm/deepspeed_allreduce_
+    buffer_<uid>_<addr>_<port>_<rank>``, 69 MB) and never unlinks it: every CPU launch left them behind, in RAM, until
+    reboot. Once every rank has opened every segment (the barrier), the names can go; the mappings stay valid until
+    the processes exit, and then the memory is freed."""
+    dist.barrier()
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{rank}")
+    (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+def broadcast_error(message: str | None) -> str | None:
+    """Share rank 0's error (or None) with every rank, so all of them fail together instead of hanging."""
+    box = [message]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
+    """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
+    that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
+    pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
+                                           dist_init_required=False)
+    if ds_config.get("zero_optimization", {}).get("stage") == 3:
+        module = engine.module
+        for p in module.external_parameters():
+            deepspeed.zero.register_external_parameter(module, p)
+    return engine
+
+
+def deal(batches, rank: int, world_size: int):
+    """``(batch, counted)`` for ``rank``: the batches dealt out in turn (rank ``r`` gets every ``world_size``-th
+    from the ``r``-th), so the ranks together cover each batch once, whatever their number. If the last round is
+    short, the ranks left out get its first batch with ``counted`` False: under ZeRO-3 every rank must run as
+    many forward calls as the others."""
+    round_ = []
+    for x in batches:
+        round_.append(x)
+        if len(round_) == world_size:
+            yield round_[rank], True
+            round_ = []
+    if round_:
+        yield (round_[rank], True) if rank < len(round_) else (round_[0], False)
+
+
+__all__ = ["init_distributed", "broadcast_error", "create_engine", "deal"]

@@ -1,0 +1,151 @@
+"""Stopping a run cleanly: its exit codes, the exception that carries a stop to the entry point, SIGTERM/SIGINT
+handlers, and the watch on the launcher processes above a rank.
+
+A stop sets a flag; the training loops (:mod:`adaponder.train.trainer`, :mod:`adaponder.palbert.finetune`)
+all-reduce it with the step's statistics, so every rank saves the checkpoint together and exits with 128+signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from . import metrics as M
+
+EXIT_OK, EXIT_ERROR, EXIT_NONFINITE = 0, 2, 3
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its last step for a reason the user must see (exit code attached)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StopSignals(dict):
+    """The handlers replaced by :func:`install_stop_signals` (signal → handler) and its launcher watch."""
+
+    watch: LauncherWatch | None = None
+
+
+def install_stop_signals(on_stop, on_gone=None) -> StopSignals:
+    """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
+    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). In a rank started by a launcher
+    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_gone()`` (default
+    ``on_stop(SIGTERM)``; :class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills
+    it, and the ranks would otherwise train on, orphaned. Returns the previous handlers, for
+    :func:`restore_signals`."""
+    sigints = [0]
+
+    def handler(signum, frame):
+        if signum == signal.SIGINT:
+            sigints[0] += 1
+            if sigints[0] > 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        on_stop(signum)
+
+    old = StopSignals({s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)})
+    chain = launcher_chain()
+    if chain:
+        old.watch = LauncherWatch(chain, on_gone or (lambda: on_stop(signal.SIGTERM)))
+        old.watch.start()
+    return old
+
+
+def stop_cause(own_signal: int | None, any_launcher_gone: bool) -> str:
+    """What rank 0's stop message says stopped the ranks: its own signal, else a launcher process gone on any rank
+    (all-reduced: the rank whose watch saw it first may be another), else a signal on another rank."""
+    if own_signal is not None:
+        return f"received {signal.Signals(own_signal).name}"
+    return "a launcher process is gone" if any_launcher_gone else "received a signal on another rank"
+
+
+def restore_signals(old_handlers: dict) -> None:
+    for s, h in old_handlers.items():
+        signal.signal(s, h)
+    watch = getattr(old_handlers, "watch", None)
+    if watch is not None:
+        watch.stop()
+
+
+# Launchers whose processes stand between a scheduler and the ranks: a module name or a script's file name
+# within the first arguments of their command line.
+_LAUNCHER_MODULES = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "torch.distributed.run",
+                     "torch.distributed.launch")
+_LAUNCHER_SCRIPTS = ("deepspeed", "ds", "torchrun")
+
+
+def launcher_chain() -> list:
+    """The launcher processes above this one (``psutil.Process``; parent first): the parent and its ancestors as
+    long as each is a DeepSpeed / torch launcher. Empty for a process not started by one (``python ...``), which
+    must not stop when its shell goes away (``nohup``)."""
+    try:
+        import psutil
+    except ImportError:  # (a DeepSpeed dependency; without it there is nothing to watch with)
+        return []
+    chain = []
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and proc.pid > 1:
+            head = proc.cmdline()[:4]
+            if not any(a in _LAUNCHER_MODULES or os.path.basename(a) in _LAUNCHER_SCRIPTS for a in head):
+                break
+            chain.append(proc)
+            proc = proc.parent()
+    except psutil.Error:
+        pass
+    return chain
+
+
+class LauncherWatch:
+    """A daemon thread that calls ``on_gone()`` once when a process of ``chain`` exits (or is a zombie), or this
+    process is re-parented, checked every ``interval`` seconds. Portable (psutil), unlike ``PR_SET_PDEATHSIG``,
+    which is Linux-only, fires on the death of the parent *thread*, and sees the parent only."""
+
+    def __init__(self, chain: list, on_gone, interval: float = 1.0):
+        import threading
+
+        self.chain, self.on_gone, self.interval = chain, on_gone, interval
+        self._names = {}
+        for proc in chain:
+            try:
+                self._names[proc.pid] = proc.name()
+            except Exception:  # (psutil.Error: it is gone already; the first check will see that)
+                self._names[proc.pid] = "?"
+        self._ppid = os.getppid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adaponder-launcher-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _gone(self):
+        import psutil
+
+        if os.getppid() != self._ppid:
+            return self.chain[0]
+        for proc in self.chain:
+            try:
+                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                    return proc
+            except psutil.Error:
+                return proc
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            gone = self._gone()
+            if gone is not None:
+                if int(os.environ.get("RANK", "0")) == 0:
+                    M.write_console(f"the launcher process {gone.pid} ({self._names.get(gone.pid, '?')}) is gone: "
+                                    "stopping as on SIGTERM (a checkpoint at the end of this step)")
+                self.on_gone()
+                return
+
+
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE", "TrainingStopped", "StopSignals", "install_stop_signals",
+           "stop_cause", "restore_signals", "launcher_chain", "LauncherWatch"]
