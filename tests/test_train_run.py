@@ -188,6 +188,26 @@ def test_nonfinite_loss_skips_the_step_and_n_in_a_row_stop_the_run(data, launche
     assert read_metrics(tmp_path / "many")[-1]["step"] == 10
 
 
+def test_a_streak_of_skips_begun_before_a_resume_names_its_first_step(tmp_path):
+    """The stop message counts the streak from the resumed state: two skips restored from a checkpoint, then a
+    third at step 7, is steps 5..7 (it said "None..7" when the first skip happened before the resume)."""
+    from types import SimpleNamespace
+
+    from adaponder.train.stopping import TrainingStopped
+    from adaponder.train.trainer import Trainer
+
+    logged = []
+    t = Trainer.__new__(Trainer)  # only the state _count_skip reads
+    t.cfg = SimpleNamespace(train=SimpleNamespace(max_consecutive_skips=3))
+    t.sink = SimpleNamespace(log=lambda rec, line=None: logged.append(rec))
+    t.ckpt_dir, t.step, t.consecutive_skips, t.skipped_total, t._skipped_window = tmp_path, 7, 2, 2, 0
+    res = {"loss_scale_skip": False, "skipped": True, "nonfinite_micro": True, "grad_norm": float("nan")}
+    with pytest.raises(TrainingStopped) as err:
+        t._count_skip(res)
+    assert "3 consecutive steps (5..7)" in str(err.value) and err.value.exit_code == 3
+    assert [r["event"] for r in logged] == ["skipped_step", "stopped_nonfinite"]
+
+
 # -- a crash in the middle of a save, and clear errors that touch nothing -----------------------------------
 def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, launcher, tmp_path):
     run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2},

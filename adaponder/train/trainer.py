@@ -511,128 +511,147 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
         t_start = time.perf_counter()
-        if self.rank == 0:
-            p = self.model.parameter_counts()
-            M.write_console(
-                f"training {self.model.config.mode} (K={self.k_passes}) {p['total']:,} parameters on "
-                f"{self.world_size} rank(s), ZeRO-{cfg.deepspeed.zero_stage}, {cfg.deepspeed.precision}: "
-                f"{plan.total_steps} steps × {plan.global_batch} sequences × {plan.seq_len} tokens "
-                f"(micro-batch {plan.micro_batch} × accumulation {plan.grad_accum} × {self.world_size} ranks)"
-                + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
-                   f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
-                + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
+        self._announce()
         bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
         train_iter = iter(self.loader)
         last: dict[str, Any] = {}
-        skipped_window = 0
-        first_skip = None
+        self._skipped_window = 0  # skipped steps since the last train record
         try:
             while self.step < plan.total_steps:
                 res = self.train_step(train_iter)
                 self.step += 1
                 self.tokens_seen += plan.tokens_per_step
-                if res["loss_scale_skip"]:
-                    self.skipped_total += 1
-                    skipped_window += 1
-                    self.sink.log({"kind": "event", "step": self.step, "event": "loss_scale_overflow"},
-                                  f"step {self.step}: fp16 gradient overflow, step skipped and loss scale lowered")
-                elif res["skipped"]:
-                    self.consecutive_skips += 1
-                    self.skipped_total += 1
-                    skipped_window += 1
-                    first_skip = first_skip if self.consecutive_skips > 1 else self.step
-                    self.sink.log({"kind": "event", "step": self.step, "event": "skipped_step",
-                                   "reason": "non-finite loss" if res["nonfinite_micro"] else "non-finite gradient norm",
-                                   "grad_norm": res["grad_norm"], "consecutive": self.consecutive_skips},
-                                  f"step {self.step}: skipped (non-finite "
-                                  f"{'loss' if res['nonfinite_micro'] else 'gradient norm'}); no update applied "
-                                  f"[{self.consecutive_skips} in a row]")
-                    if self.consecutive_skips >= cfg.train.max_consecutive_skips:
-                        latest = read_latest(self.ckpt_dir)
-                        msg = (f"stopping: {self.consecutive_skips} consecutive steps ({first_skip}..{self.step}) had a "
-                               f"non-finite loss or gradient norm (train.max_consecutive_skips = "
-                               f"{cfg.train.max_consecutive_skips}); no update was applied in them. The last "
-                               f"checkpoint is {self.ckpt_dir / latest if latest else 'none (no checkpoint yet)'}, "
-                               "untouched. Lower optim.lr or check the data, then continue with --resume auto.")
-                        self.sink.log({"kind": "event", "step": self.step, "event": "stopped_nonfinite",
-                                       "message": msg})  # (printed once, by run())
-                        raise TrainingStopped(msg, EXIT_NONFINITE)
-                else:
-                    self.consecutive_skips = 0
+                if not self._count_skip(res):
                     last = res
                 if bar is not None:
                     bar.update(1)
                     if not res["skipped"]:
                         bar.set_postfix(loss=f"{res['loss']:.3f}", D=f"{res['mean_exit_pass']:.2f}", refresh=False)
-
                 if self.step % cfg.logging.every == 0 or self.step == plan.total_steps:
-                    rec = {"kind": "train", "step": self.step, "tokens": self.tokens_seen,
-                           **{k: res[k] for k in ("loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass",
-                                                  "active_fraction", "exit_hist", "lr", "grad_norm", "stage")
-                              if self.gated or k not in ("ponder_loss", "k", "lambda")},
-                           "skipped": skipped_window, **self.throughput.summary()}
-                    if res["skipped"]:
-                        for key in ("loss", "lm_loss", "ponder_loss", "mean_exit_pass"):
-                            if key in rec:
-                                rec[key] = float("nan")
-                    rec.update({f"train_{k}": v for k, v in
-                                compute_saved(self.model, res["exit_hist"], plan.seq_len).items() if k == "flops_saved"})
-                    self.sink.log(rec, M.train_line(self.step, plan.total_steps, rec))
-                    self.throughput.reset()
-                    skipped_window = 0
-
-                if res["stop"]:
-                    # (signal None: this rank received none; another rank did, or a launcher process is gone)
-                    name = signal.Signals(self.stop_signal).name if self.stop_signal else None
-                    path = self.save()
-                    msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
-                           "continue with --resume auto")
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name,
-                                   "launcher_gone": res["launcher_gone"], "message": msg})
-                    code = 128 + (self.stop_signal or signal.SIGTERM)
-                    raise TrainingStopped(msg, code)
-                if cfg.train.stop_at is not None and self.step == cfg.train.stop_at and self.step < plan.total_steps:
-                    path = self.save()
-                    msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at", "message": msg})
-                    raise TrainingStopped(msg, EXIT_OK)
+                    self._log_train(res)
+                self._stop_if_asked(res)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < plan.total_steps:
                     self._log_eval(self.evaluate(cfg.eval.max_batches))
                 if self.step % cfg.checkpoint.every == 0 and self.step < plan.total_steps:
                     self.save()
-            # -- the end --------------------------------------------------------------------------------
             M.close_progress_bar()
-            final_eval = self.evaluate(cfg.eval.max_batches) if cfg.eval.at_end else None
-            if final_eval is not None:
-                self._log_eval(final_eval, final=True)
-            if getattr(self, "_last_saved", None) != self.step:
-                self.save()
-            if final_eval is not None and not math.isfinite(final_eval["val_loss"]):
-                # A model whose validation loss is not finite is a failed run: no export, no report.
-                msg = (f"stopping: the final validation loss is {final_eval['val_loss']} (expected a finite number) "
-                       f"at step {self.step}; no Hugging Face export was written. The last checkpoint is "
-                       f"{self._last_saved_path}; check the data and the train losses in {cfg.out_dir / 'metrics.jsonl'}.")
-                self.sink.log({"kind": "event", "step": self.step, "event": "nonfinite_final_eval", "message": msg})
-                raise TrainingStopped(msg, EXIT_NONFINITE)
-            export_dir = self.export_hf(cfg.out_dir / "hf") if cfg.checkpoint.export_hf else None
-            wall = time.perf_counter() - t_start
-            summary = {"steps": self.step, "tokens_seen": self.tokens_seen, "wall_seconds": wall,
-                       "final_train": last, "final_eval": final_eval, "export": str(export_dir) if export_dir else None,
-                       "skipped_total": self.skipped_total}
-            if self.rank == 0:
-                if final_eval is not None and cfg.eval.report:
-                    details = {"mode": self.model.config.mode, "steps": self.step, "tokens seen": self.tokens_seen,
-                               "wall time (s)": f"{wall:.1f}",
-                               "final train loss": f"{last.get('loss', float('nan')):.4f}",
-                               "ranks": self.world_size}
-                    write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
-                    M.write_console(console_report(final_eval))
-                    M.write_console(f"report: {cfg.out_dir / 'report.md'}")
-                (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float),
-                                                          encoding="utf-8")
-            return summary
+            return self._finish(last, t_start)
         finally:
             M.close_progress_bar()
+
+    def _announce(self) -> None:
+        """Rank 0's first line: what is trained, where, and on what schedule."""
+        if self.rank != 0:
+            return
+        cfg, plan, p = self.cfg, self.plan, self.model.parameter_counts()
+        M.write_console(
+            f"training {self.model.config.mode} (K={self.k_passes}) {p['total']:,} parameters on "
+            f"{self.world_size} rank(s), ZeRO-{cfg.deepspeed.zero_stage}, {cfg.deepspeed.precision}: "
+            f"{plan.total_steps} steps × {plan.global_batch} sequences × {plan.seq_len} tokens "
+            f"(micro-batch {plan.micro_batch} × accumulation {plan.grad_accum} × {self.world_size} ranks)"
+            + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
+               f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
+            + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
+
+    def _count_skip(self, res: dict[str, Any]) -> bool:
+        """Whether the step just taken applied no update (an fp16 overflow, or a non-finite loss or gradient norm),
+        logged as an event; ``train.max_consecutive_skips`` non-finite steps in a row stop the run."""
+        if res["loss_scale_skip"]:
+            self.skipped_total += 1
+            self._skipped_window += 1
+            self.sink.log({"kind": "event", "step": self.step, "event": "loss_scale_overflow"},
+                          f"step {self.step}: fp16 gradient overflow, step skipped and loss scale lowered")
+            return True
+        if not res["skipped"]:
+            self.consecutive_skips = 0
+            return False
+        self.consecutive_skips += 1
+        self.skipped_total += 1
+        self._skipped_window += 1
+        what = "loss" if res["nonfinite_micro"] else "gradient norm"
+        self.sink.log({"kind": "event", "step": self.step, "event": "skipped_step", "reason": f"non-finite {what}",
+                       "grad_norm": res["grad_norm"], "consecutive": self.consecutive_skips},
+                      f"step {self.step}: skipped (non-finite {what}); no update applied "
+                      f"[{self.consecutive_skips} in a row]")
+        limit = self.cfg.train.max_consecutive_skips
+        if self.consecutive_skips >= limit:
+            latest = read_latest(self.ckpt_dir)
+            first = self.step - self.consecutive_skips + 1  # (the streak may have begun before a resume)
+            msg = (f"stopping: {self.consecutive_skips} consecutive steps ({first}..{self.step}) had a non-finite loss "
+                   f"or gradient norm (train.max_consecutive_skips = {limit}); no update was applied in them. The last "
+                   f"checkpoint is {self.ckpt_dir / latest if latest else 'none (no checkpoint yet)'}, untouched. "
+                   "Lower optim.lr or check the data, then continue with --resume auto.")
+            self.sink.log({"kind": "event", "step": self.step, "event": "stopped_nonfinite",
+                           "message": msg})  # (printed once, by run())
+            raise TrainingStopped(msg, EXIT_NONFINITE)
+        return True
+
+    def _log_train(self, res: dict[str, Any]) -> None:
+        """The train record of this step (NaN losses where it was skipped) and the throughput since the last."""
+        rec = {"kind": "train", "step": self.step, "tokens": self.tokens_seen,
+               **{k: res[k] for k in ("loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass",
+                                      "active_fraction", "exit_hist", "lr", "grad_norm", "stage")
+                  if self.gated or k not in ("ponder_loss", "k", "lambda")},
+               "skipped": self._skipped_window, **self.throughput.summary()}
+        if res["skipped"]:
+            for key in ("loss", "lm_loss", "ponder_loss", "mean_exit_pass"):
+                if key in rec:
+                    rec[key] = float("nan")
+        rec.update({f"train_{k}": v for k, v in
+                    compute_saved(self.model, res["exit_hist"], self.plan.seq_len).items() if k == "flops_saved"})
+        self.sink.log(rec, M.train_line(self.step, self.plan.total_steps, rec))
+        self.throughput.reset()
+        self._skipped_window = 0
+
+    def _stop_if_asked(self, res: dict[str, Any]) -> None:
+        """On a signal (any rank) or a gone launcher: a checkpoint, then exit 128+signal; at ``train.stop_at``: a
+        checkpoint, then exit 0. Both raise :class:`TrainingStopped`."""
+        if res["stop"]:
+            # (signal None: this rank received none; another rank did, or a launcher process is gone)
+            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
+            path = self.save()
+            msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
+                   "continue with --resume auto")
+            self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name,
+                           "launcher_gone": res["launcher_gone"], "message": msg})
+            raise TrainingStopped(msg, 128 + (self.stop_signal or signal.SIGTERM))
+        stop_at = self.cfg.train.stop_at
+        if stop_at is not None and self.step == stop_at and self.step < self.plan.total_steps:
+            path = self.save()
+            msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
+            self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at", "message": msg})
+            raise TrainingStopped(msg, EXIT_OK)
+
+    def _finish(self, last: dict[str, Any], t_start: float) -> dict[str, Any]:
+        """After the last step: the final validation, a checkpoint of the last step, the Hugging Face export, the
+        report and ``summary.json``. A non-finite final validation loss fails the run (no export, no report)."""
+        cfg = self.cfg
+        final_eval = self.evaluate(cfg.eval.max_batches) if cfg.eval.at_end else None
+        if final_eval is not None:
+            self._log_eval(final_eval, final=True)
+        if self._last_saved != self.step:
+            self.save()
+        if final_eval is not None and not math.isfinite(final_eval["val_loss"]):
+            msg = (f"stopping: the final validation loss is {final_eval['val_loss']} (expected a finite number) "
+                   f"at step {self.step}; no Hugging Face export was written. The last checkpoint is "
+                   f"{self._last_saved_path}; check the data and the train losses in {cfg.out_dir / 'metrics.jsonl'}.")
+            self.sink.log({"kind": "event", "step": self.step, "event": "nonfinite_final_eval", "message": msg})
+            raise TrainingStopped(msg, EXIT_NONFINITE)
+        export_dir = self.export_hf(cfg.out_dir / "hf") if cfg.checkpoint.export_hf else None
+        wall = time.perf_counter() - t_start
+        summary = {"steps": self.step, "tokens_seen": self.tokens_seen, "wall_seconds": wall,
+                   "final_train": last, "final_eval": final_eval, "export": str(export_dir) if export_dir else None,
+                   "skipped_total": self.skipped_total}
+        if self.rank == 0:
+            if final_eval is not None and cfg.eval.report:
+                details = {"mode": self.model.config.mode, "steps": self.step, "tokens seen": self.tokens_seen,
+                           "wall time (s)": f"{wall:.1f}", "final train loss": f"{last.get('loss', float('nan')):.4f}",
+                           "ranks": self.world_size}
+                write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
+                M.write_console(console_report(final_eval))
+                M.write_console(f"report: {cfg.out_dir / 'report.md'}")
+            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+        return summary
 
     # ---- export ---------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
