@@ -128,6 +128,10 @@ def test_sigterm_during_training_leaves_a_checkpoint_that_resume_continues(worke
     step = int(tag.removeprefix("step"))
     assert step >= 3 and (ck / tag / "trainer_state.json").is_file()
     assert read_jsonl(metrics, "train")[-1]["step"] == step
+    event = read_jsonl(metrics, "event")[-1]  # the same event, with the same fields, as a pretraining stop
+    assert (event["event"], event["step"], event["signal"], event["launcher_gone"]) == \
+        ("stopped_by_signal", step, "SIGTERM", False)
+    assert event["message"] == f"received SIGTERM: saved {ck / tag} at step {step}; continue with --resume auto"
     assert not (out / "results.json").exists() or _results(out)["phases"] == []
 
     code, log = worker.run(finetune_argv("sst2", out, *long, f"train.max_steps={step + 2}") + ["--resume", "auto"])
@@ -149,6 +153,9 @@ def test_sigterm_during_timing_leaves_results_of_finished_phases(worker, tmp_pat
     text, _ = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
     assert "during the timing phase" in text
+    event = read_jsonl(out / "metrics.jsonl", "event")[-1]
+    assert (event["event"], event["phase"], event["signal"]) == ("stopped_by_signal", "timing", "SIGTERM")
+    assert "during the timing phase" in event["message"]
     for bar in ("train", "dev eval @1", "dev (best weights)", "exit rules", "online Q-exit", "timing"):
         assert f"{bar}:" in text, bar  # a tqdm progress bar in every phase
 

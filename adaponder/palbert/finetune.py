@@ -39,7 +39,6 @@ import json
 import math
 import platform
 import random
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -98,10 +97,12 @@ from adaponder.train.checkpoint import (
 from adaponder.train.distributed import create_engine, init_distributed
 from adaponder.train.stopping import (
     EXIT_NONFINITE,
-    EXIT_OK,
     TrainingStopped,
     install_stop_signals,
     restore_signals,
+    saved_and_stopped,
+    signal_stop,
+    stop_at_step,
     stop_cause,
 )
 
@@ -450,8 +451,7 @@ class FineTuner:
         msg = (f"{stop_cause(self.stop_signal, gone)} during the {phase} phase: training is complete (checkpoint "
                f"{self.ckpt_dir / latest if latest else 'none'}); {self.output / 'results.json'} holds the finished "
                f"phases ({done}); rerun with --resume auto to evaluate again")
-        self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "phase": phase})
-        raise TrainingStopped(msg, 128 + (self.stop_signal or signal.SIGTERM))
+        raise signal_stop(msg, self.step, self.stop_signal, gone, self.sink.log, phase=phase)
 
     def _train_batches(self, start_step: int):
         """The batches of this rank from ``start_step`` on: epoch e is the (e+1)-th shuffle of
@@ -597,17 +597,11 @@ class FineTuner:
                                   + " | ".join(f"{k} {rec[k]:.4f}" for k in ("loss", "rec", "reg") if k in rec))
                     window = []
                 if res["stop"]:
-                    path = self.save()
-                    msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
-                           "continue with --resume auto")
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal"})
-                    raise TrainingStopped(msg, 128 + (self.stop_signal or signal.SIGTERM))
+                    raise saved_and_stopped(self.save(), self.step, self.stop_signal, res["launcher_gone"],
+                                            self.sink.log)
                 stop_at = cfg.train.stop_at
                 if stop_at is not None and self.step == stop_at and self.step < self.total_steps:
-                    path = self.save()
-                    msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
-                    self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at"})
-                    raise TrainingStopped(msg, EXIT_OK)
+                    raise stop_at_step(self.save(), self.step, self.sink.log)
                 self._after_step()
         finally:
             if bar is not None:

@@ -61,6 +61,30 @@ def stop_cause(own_signal: int | None, any_launcher_gone: bool) -> str:
     return "a launcher process is gone" if any_launcher_gone else "received a signal on another rank"
 
 
+def signal_stop(message: str, step: int, own_signal: int | None, launcher_gone: bool, log, **fields) -> TrainingStopped:
+    """The ``stopped_by_signal`` event (``log``: the metrics sink's) and the :class:`TrainingStopped` to raise, exit
+    128+signal (SIGTERM's when this rank received none). ``message`` follows :func:`stop_cause`; ``fields`` add to
+    the event (the fine-tuning phase)."""
+    name = signal.Signals(own_signal).name if own_signal else None  # None: another rank's signal, or a launcher gone
+    log({"kind": "event", "step": step, "event": "stopped_by_signal", "signal": name, "launcher_gone": launcher_gone,
+         **fields, "message": message})
+    return TrainingStopped(message, 128 + (own_signal or signal.SIGTERM))
+
+
+def saved_and_stopped(path, step: int, own_signal: int | None, launcher_gone: bool, log) -> TrainingStopped:
+    """:func:`signal_stop` for a training loop that has just saved ``path`` at ``step``."""
+    msg = f"{stop_cause(own_signal, launcher_gone)}: saved {path} at step {step}; continue with --resume auto"
+    return signal_stop(msg, step, own_signal, launcher_gone, log)
+
+
+def stop_at_step(path, step: int, log) -> TrainingStopped:
+    """The ``stopped_at`` event and the :class:`TrainingStopped` (exit 0) of a run that reached ``train.stop_at``
+    and saved ``path``."""
+    msg = f"stopped at step {step} (train.stop_at): saved {path}; continue with --resume auto"
+    log({"kind": "event", "step": step, "event": "stopped_at", "message": msg})
+    return TrainingStopped(msg, EXIT_OK)
+
+
 def restore_signals(old_handlers: dict) -> None:
     for s, h in old_handlers.items():
         signal.signal(s, h)
@@ -148,4 +172,5 @@ class LauncherWatch:
 
 
 __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE", "TrainingStopped", "StopSignals", "install_stop_signals",
-           "stop_cause", "restore_signals", "launcher_chain", "LauncherWatch"]
+           "stop_cause", "signal_stop", "saved_and_stopped", "stop_at_step", "restore_signals", "launcher_chain",
+           "LauncherWatch"]

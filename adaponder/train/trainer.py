@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
 from .schedule import learning_rate, ponder_schedule, stage
 from .stopping import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped, install_stop_signals,
-                       restore_signals, stop_cause)
+                       restore_signals, saved_and_stopped, stop_at_step)
 
 
 # Model-config fields that a checkpoint and the resuming run must agree on.
@@ -607,20 +606,10 @@ class Trainer:
         """On a signal (any rank) or a gone launcher: a checkpoint, then exit 128+signal; at ``train.stop_at``: a
         checkpoint, then exit 0. Both raise :class:`TrainingStopped`."""
         if res["stop"]:
-            # (signal None: this rank received none; another rank did, or a launcher process is gone)
-            name = signal.Signals(self.stop_signal).name if self.stop_signal else None
-            path = self.save()
-            msg = (f"{stop_cause(self.stop_signal, res['launcher_gone'])}: saved {path} at step {self.step}; "
-                   "continue with --resume auto")
-            self.sink.log({"kind": "event", "step": self.step, "event": "stopped_by_signal", "signal": name,
-                           "launcher_gone": res["launcher_gone"], "message": msg})
-            raise TrainingStopped(msg, 128 + (self.stop_signal or signal.SIGTERM))
+            raise saved_and_stopped(self.save(), self.step, self.stop_signal, res["launcher_gone"], self.sink.log)
         stop_at = self.cfg.train.stop_at
         if stop_at is not None and self.step == stop_at and self.step < self.plan.total_steps:
-            path = self.save()
-            msg = f"stopped at step {self.step} (train.stop_at): saved {path}; continue with --resume auto"
-            self.sink.log({"kind": "event", "step": self.step, "event": "stopped_at", "message": msg})
-            raise TrainingStopped(msg, EXIT_OK)
+            raise stop_at_step(self.save(), self.step, self.sink.log)
 
     def _finish(self, last: dict[str, Any], t_start: float) -> dict[str, Any]:
         """After the last step: the final validation, a checkpoint of the last step, the Hugging Face export, the
