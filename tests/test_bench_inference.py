@@ -1,0 +1,42 @@
+"""The inference benchmark's verdict lines (eval/bench_inference.py ``target_summary``) on rows of known ratios."""
+
+import importlib.util
+
+from conftest import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_inference", REPO / "eval" / "bench_inference.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _row(batch, skip, pre, dec, schedule="depth-batched", depth_bytes=0.0, lock_bytes=0.0, cached=None):
+    """A row whose prefill and decode FLOP savings are 0.5 and wall savings ``pre`` / ``dec`` × 0.5."""
+    row = {"dtype": "fp32", "batch": batch, "target_saving": skip, "decode_schedule": schedule,
+           "prefill_flop_saving": 0.5, "prefill_wall_saving": 0.5 * pre,
+           "decode_flop_saving": 0.5, "decode_wall_saving": 0.5 * dec,
+           "depth_bytes_saving": depth_bytes, "decode_bytes_saving": lock_bytes}
+    if cached is not None:
+        row["cached_vs_recompute"] = cached
+    return row
+
+
+def test_rows_are_judged_against_the_targets_with_the_bytes_bound_of_a_short_decode():
+    lines = _bench().target_summary([
+        _row(1, 0.0, 0, 0, cached=34.0),
+        _row(8, 0.0, 0, 0),  # no reference measured at this batch: no line
+        _row(1, 0.5, 0.9, 0.85),
+        _row(8, 0.25, 1.4, 0.42, depth_bytes=0.345),  # bound 0.69
+        _row(8, 0.5, 0.94, 0.66, schedule="lockstep", depth_bytes=0.1, lock_bytes=0.45),  # bound 0.90 (lockstep's)
+        _row(1, 0.0, 0, 0, cached=12.0),
+    ])
+    assert lines == [
+        "fp32 batch  1   0%: cached decode 34× the no-cache reference (meets 20×)",
+        "fp32 batch  1  50%: prefill 0.90 meets; decode 0.85 meets",
+        "fp32 batch  8  25%: prefill 1.40 meets; decode 0.42 SHORT (bytes bound 0.69, out of reach where "
+        "bandwidth-bound)",
+        "fp32 batch  8  50%: prefill 0.94 meets; decode 0.66 SHORT (bytes bound 0.90)",
+        "fp32 batch  1   0%: cached decode 12× the no-cache reference (SHORT of 20×)",
+    ]
