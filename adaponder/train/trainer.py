@@ -125,6 +125,7 @@ class Trainer:
         self.tokens_seen = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
+        self._skipped_window = 0  # skipped steps since the last train record
         if self.resume_dir is not None:
             self._load(self.resume_dir)
         else:
@@ -514,7 +515,6 @@ class Trainer:
         bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
         train_iter = iter(self.loader)
         last: dict[str, Any] = {}
-        self._skipped_window = 0  # skipped steps since the last train record
         try:
             while self.step < plan.total_steps:
                 res = self.train_step(train_iter)
@@ -555,18 +555,16 @@ class Trainer:
     def _count_skip(self, res: dict[str, Any]) -> bool:
         """Whether the step just taken applied no update (an fp16 overflow, or a non-finite loss or gradient norm),
         logged as an event; ``train.max_consecutive_skips`` non-finite steps in a row stop the run."""
-        if res["loss_scale_skip"]:
-            self.skipped_total += 1
-            self._skipped_window += 1
+        if not (res["loss_scale_skip"] or res["skipped"]):
+            self.consecutive_skips = 0
+            return False
+        self.skipped_total += 1
+        self._skipped_window += 1
+        if res["loss_scale_skip"]:  # (not a non-finite step: the streak neither grows nor ends)
             self.sink.log({"kind": "event", "step": self.step, "event": "loss_scale_overflow"},
                           f"step {self.step}: fp16 gradient overflow, step skipped and loss scale lowered")
             return True
-        if not res["skipped"]:
-            self.consecutive_skips = 0
-            return False
         self.consecutive_skips += 1
-        self.skipped_total += 1
-        self._skipped_window += 1
         what = "loss" if res["nonfinite_micro"] else "gradient norm"
         self.sink.log({"kind": "event", "step": self.step, "event": "skipped_step", "reason": f"non-finite {what}",
                        "grad_norm": res["grad_norm"], "consecutive": self.consecutive_skips},
