@@ -40,6 +40,9 @@ class StudySection:
     seed: NonNegativeInt = 1234
     repeat_seed: NonNegativeInt | None = 4321
     repeat_arms: list[str] = field(default_factory=list)
+    #: Train and report only these arms, in this order (default: every arm of ``arms``), e.g. in a profile that
+    #: reruns a few arms at another token budget.
+    only: list[str] | None = None
     #: Checkpoints and training logs (large; not committed).
     runs_dir: str = "runs/study"
     #: One small JSON per finished arm (committed): the study resumes from these.
@@ -85,9 +88,10 @@ class StudyConfig:
 
     def arm_runs(self) -> list[tuple[str, int]]:
         """(arm, seed) in training order: every arm with the first seed, then the repeats."""
-        runs = [(arm, self.study.seed) for arm in self.arms]
+        chosen = list(self.arms) if self.study.only is None else list(self.study.only)
+        runs = [(arm, self.study.seed) for arm in chosen]
         if self.study.repeat_seed is not None:
-            runs += [(arm, self.study.repeat_seed) for arm in self.study.repeat_arms]
+            runs += [(arm, self.study.repeat_seed) for arm in self.study.repeat_arms if arm in chosen]
         return runs
 
     def train_raw(self, arm: str, seed: int, data_dir: str, out_dir: str) -> dict[str, Any]:
@@ -154,9 +158,10 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     arms = {str(k): dict(v or {}) for k, v in arms.items()} if isinstance(arms, Mapping) else {}
     cfg = StudyConfig(study=sections["study"], data=sections["data"], eval=sections["eval"], base=dict(base),
                       arms=arms, source=source, profile=profile or "default")
-    for name in cfg.study.repeat_arms:
-        if name not in arms:
-            problems.append(f"study.repeat_arms: {name!r} is not an arm (arms: {', '.join(arms)})")
+    for key in ("repeat_arms", "only"):
+        for name in getattr(cfg.study, key) or []:
+            if name not in arms:
+                problems.append(f"study.{key}: {name!r} is not an arm (arms: {', '.join(arms)})")
     if base:  # every arm must be a valid training config (reported with the other problems)
         from adaponder.train.config import TrainConfigError, config_from_dict
 
