@@ -245,7 +245,8 @@ def sliding_windows(n_targets: int, window: int, stride: int) -> list[tuple[int,
 @dataclass
 class TokenScores:
     """Per scored token: document index, position in the document, token id, NLL (nats), exit pass,
-    and the length of the window it was scored in (its context for the FLOPs count)."""
+    the length of the window it was scored in (its context for the FLOPs count), and whether the model's
+    greedy (argmax) prediction was this token."""
 
     doc: np.ndarray
     position: np.ndarray
@@ -255,13 +256,15 @@ class TokenScores:
     context: np.ndarray
     passes: int = 1
     meta: dict = field(default_factory=dict)
+    correct: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.nll.shape[0])
 
     def select(self, mask: np.ndarray) -> "TokenScores":
         return TokenScores(self.doc[mask], self.position[mask], self.token[mask], self.nll[mask],
-                           self.exit_pass[mask], self.context[mask], self.passes, dict(self.meta))
+                           self.exit_pass[mask], self.context[mask], self.passes, dict(self.meta),
+                           None if self.correct is None else self.correct[mask])
 
 
 def default_window(model) -> int:
@@ -290,7 +293,8 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
     # Longest first: batches of similar length waste little on padding.
     order = sorted(range(len(jobs)), key=lambda j: -(jobs[j][2] - jobs[j][1]))
     seqs = [np.concatenate([[eod_id if doc.lead is None else doc.lead], doc.ids]).astype(np.int64) for doc in docs]
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("doc", "position", "token", "nll", "exit_pass", "context")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("doc", "position", "token", "nll", "exit_pass", "context",
+                                                          "correct")}
     iterator = range(0, len(order), batch_size)
     if progress:
         from tqdm import tqdm
@@ -316,6 +320,7 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
             parts["position"].append(np.arange(b + length - k, b + length, dtype=np.int64))
             parts["token"].append(targets.cpu().numpy())
             parts["nll"].append(nll.double().cpu().numpy())
+            parts["correct"].append((logits[r, sel].argmax(-1) == targets).cpu().numpy())
             parts["exit_pass"].append(exits[r, sel].cpu().numpy().astype(np.int16))
             parts["context"].append(np.full(k, length, dtype=np.int32))
         del out, logits

@@ -17,13 +17,20 @@ from .config import StudyConfig, StudyConfigError, load_study_config
 
 
 def prepare_data(cfg: StudyConfig, log=print) -> Path:
-    """Tokenize the corpus once (BPE trained on the train split) into ``<runs_dir>/data-<hash>``."""
+    """Tokenize the corpus once (BPE trained on the train split) into ``<runs_dir>/data-<hash>``, or generate the
+    configured synthetic task there."""
     from adaponder.data import bundled_corpus_dir
     from adaponder.data.prepare import prepare
 
-    key = hashlib.sha256(json.dumps(vars(cfg.data), sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(cfg.data.identity(), sort_keys=True).encode()).hexdigest()[:12]
     out = Path(cfg.study.runs_dir) / f"data-{key}"
     if (out / "meta.json").is_file():
+        return out
+    if cfg.data.task == "multihop":
+        from adaponder.data.reasoning import MultiHopSpec, write_multihop
+
+        log(f"== generating the multihop task into {out}")
+        write_multihop(out, MultiHopSpec(**cfg.data.task_options), overwrite=out.exists())
         return out
     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.corpus]
     log(f"== preparing {', '.join(cfg.data.corpus)} into {out} (tokenizer: BPE, {cfg.data.vocab} entries)")
@@ -36,7 +43,7 @@ def data_summary(data_dir: Path) -> dict:
     meta = json.loads((data_dir / "meta.json").read_text())
     return {"documents": meta["documents"], "val_documents": meta["splits"]["val"]["documents"],
             "train_tokens": meta["splits"]["train"]["tokens"], "val_tokens": meta["splits"]["val"]["tokens"],
-            "vocab_size": meta["vocab_size"]}
+            "vocab_size": meta["vocab_size"], "task": meta.get("task")}
 
 
 def run_study(cfg: StudyConfig, command: str, only_report: bool = False, log=print) -> Path:

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from adaponder.jsonio import json_safe, write_json_atomic
+
 from .config import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,13 +42,6 @@ def load_result(cfg: StudyConfig, arm: str, seed: int) -> dict | None:
     if res.get("fingerprint") != cfg.fingerprint(arm, seed) or res.get("version") != RESULT_VERSION:
         return None
     return res
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # -- training -----------------------------------------------------------------------------------------------
@@ -128,12 +123,12 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     docs = load_documents(data_dir, tok, max_tokens_per_doc=cfg.eval.max_tokens_per_doc, split="val")
     score_kw = dict(window=window, stride=window, batch_size=cfg.eval.batch_size, eod_id=tok.eos_token_id)
     scores = score_documents(model, docs, **score_kw)
-    out: dict[str, Any] = {"heldout": _clean(summarize(scores, docs, model)),
+    out: dict[str, Any] = {"heldout": json_safe(summarize(scores, docs, model)),
                            "parameters": model.parameter_counts(), "passes": int(model.config.num_passes),
                            "mode": model.config.mode, "window": window}
     if model.config.gated:
         K = model.config.num_passes
-        out["nll_by_exit_pass"] = _clean(nll_by_exit_pass(scores))
+        out["nll_by_exit_pass"] = json_safe(nll_by_exit_pass(scores))
         mean_exit = out["heldout"]["mean_exit"]
         pruning = {}
         for rule in FIXED_RULES:
@@ -141,32 +136,29 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                 runs = [summarize(score_documents(model, docs, halting_policy=make_policy(rule, K, mean_exit, seed=s),
                                                   **score_kw), docs, model) for s in cfg.eval.pruning_seeds]
                 # the first seed's full summary, plus every seed's perplexity (the control's own noise)
-                pruning[rule] = _clean({**runs[0], "ppl_seeds": [r["ppl"] for r in runs],
+                pruning[rule] = json_safe({**runs[0], "ppl_seeds": [r["ppl"] for r in runs],
                                         "mean_exit_seeds": [r["mean_exit"] for r in runs]})
         out["fixed_pruning"] = pruning
-        out["tau_dial"] = _clean(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
+        out["tau_dial"] = json_safe(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
         # Reference points on the same trained model: no halting (every token runs K passes).
-        out["no_halting"] = _clean(summarize(score_documents(model, docs, halting_policy=_never_halt, **score_kw),
+        out["no_halting"] = json_safe(summarize(score_documents(model, docs, halting_policy=_never_halt, **score_kw),
                                              docs, model))
+    from adaponder.data.reasoning import has_token_labels
+
+    if has_token_labels(data_dir):  # a corpus with per-token difficulty (adaponder.data.reasoning)
+        from adaponder.evaluation.difficulty import evaluate_difficulty
+
+        out["difficulty"] = json_safe(evaluate_difficulty(model, data_dir, tok, batch_size=cfg.eval.batch_size,
+                                                          pruning_seeds=cfg.eval.pruning_seeds))
+        if model.config.gated:
+            out["difficulty_no_halting"] = json_safe(evaluate_difficulty(
+                model, data_dir, tok, batch_size=cfg.eval.batch_size, halting_policy=_never_halt))
     out["eval_wall_s"] = time.perf_counter() - t0
     return out
 
 
 def _never_halt(pass_idx, active, s, valid):
     return active
-
-
-def _clean(obj):
-    """JSON-safe: NaN → None, numpy scalars → Python numbers."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) -> dict:
@@ -179,7 +171,7 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) ->
     log(f"== evaluating {arm_id(arm, seed)} on the held-out split")
     result = {"version": RESULT_VERSION, "arm": arm, "seed": seed, "fingerprint": cfg.fingerprint(arm, seed),
               "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
-              "train": _clean(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
+              "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
     write_json_atomic(result_path(cfg, arm, seed), result)
     h = result["heldout"]
     log(f"== {arm_id(arm, seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "

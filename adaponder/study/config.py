@@ -21,7 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
@@ -60,6 +60,19 @@ class DataSection:
     #: Fraction of documents (whole books) held out for validation.
     val_fraction: Annotated[Float, Field(gt=0, lt=1)] = 0.1
     split_seed: Int = 0
+    #: A corpus generated from a seed instead of raw text (``corpus``, ``vocab`` and the split keys are then
+    #: unused): ``multihop`` is :mod:`adaponder.data.reasoning`'s task, with per-token difficulty labels.
+    task: Literal["multihop"] | None = None
+    #: The task's sizes: fields of :class:`adaponder.data.reasoning.MultiHopSpec` (symbols, max_hops, ...).
+    task_options: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the prepared data (and enters every arm's fingerprint); the task keys only when set,
+        so text studies keep the fingerprints they had before tasks existed."""
+        out = dict(vars(self))
+        if self.task is None:
+            del out["task"], out["task_options"]
+        return out
 
 
 @dataclass
@@ -105,7 +118,7 @@ class StudyConfig:
     def fingerprint(self, arm: str, seed: int) -> str:
         """What decides an arm's result: its training config (minus output paths), data and evaluation."""
         raw = self.train_raw(arm, seed, "<data>", "<out>")
-        what = {"train": raw, "data": vars(self.data), "eval": vars(self.eval)}
+        what = {"train": raw, "data": self.data.identity(), "eval": vars(self.eval)}
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -162,6 +175,20 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
         for name in getattr(cfg.study, key) or []:
             if name not in arms:
                 problems.append(f"study.{key}: {name!r} is not an arm (arms: {', '.join(arms)})")
+    if cfg.data.task == "multihop":
+        from dataclasses import fields
+
+        from adaponder.data.reasoning import MultiHopSpec
+
+        known = {f.name for f in fields(MultiHopSpec)}
+        unknown = sorted(set(cfg.data.task_options) - known)
+        problems += [f"data.task_options.{k}: not an option of the multihop task (options: {', '.join(sorted(known))})"
+                     for k in unknown]
+        if not unknown:
+            try:
+                problems += [f"data.task_options.{p}" for p in MultiHopSpec(**cfg.data.task_options).problems()]
+            except TypeError as err:
+                problems.append(f"data.task_options: {err}")
     if base:  # every arm must be a valid training config (reported with the other problems)
         from adaponder.train.config import TrainConfigError, config_from_dict
 

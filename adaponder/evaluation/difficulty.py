@@ -1,0 +1,158 @@
+"""Evaluation by difficulty on a corpus whose tokens carry a known difficulty (:mod:`adaponder.data.reasoning`).
+
+Every held-out token is scored once (:func:`~adaponder.evaluation.perplexity.score_documents`, one window per
+document) and joined with its label: answer tokens by difficulty ``H``, the others by class (structure,
+prompt, filler). Reported:
+
+* per difficulty: answer accuracy (the greedy prediction is the answer), mean answer NLL, mean exit pass;
+* per class: tokens, mean NLL, mean exit pass, and the share of all token-passes spent on the class — do the
+  gates spend passes where passes can help (multi-step answers) or on tokens nothing can predict (filler)?
+* Spearman's rank correlation between difficulty and exit pass over the answer tokens;
+* for gated models, the same accuracy by difficulty under fixed pruning at the learned mean exit pass (the
+  iso-FLOPs control of :mod:`~adaponder.evaluation.pruning`).
+
+The exit pass of a token is that of the position predicting it (A8): for an answer, the ``=`` before it.
+
+Command line::
+
+    python -m adaponder.evaluation.difficulty CKPT --data PREPARED_DIR [--split val] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaponder.cli.errors import cli_main
+
+from .perplexity import TokenScores
+
+#: Class codes of the non-answer labels (see :mod:`adaponder.data.reasoning`); answers are labelled H >= 1.
+CLASSES = {"structure": 0, "prompt": -1, "filler": -2}
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant or empty."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
+        return float("nan")
+    return float(spearmanr(x, y).statistic)
+
+
+def token_labels(scores: TokenScores, labels: Sequence[np.ndarray]) -> np.ndarray:
+    """The label of every scored token (``labels[doc][position]``)."""
+    out = np.empty(len(scores), dtype=np.int64)
+    for d in np.unique(scores.doc):
+        sel = scores.doc == d
+        out[sel] = labels[int(d)][scores.position[sel]]
+    return out
+
+
+def _mean(a: np.ndarray) -> float:
+    return float(a.mean()) if len(a) else float("nan")
+
+
+def by_difficulty(scores: TokenScores, labels: np.ndarray) -> dict[str, Any]:
+    """The tables of the module doc from scored tokens and their labels (``token_labels``)."""
+    if scores.correct is None:
+        raise ValueError("these scores carry no greedy-prediction flags; score them with score_documents")
+    exits = scores.exit_pass.astype(np.int64)
+    total_passes = float(exits.sum())
+    levels = []
+    for h in sorted(int(v) for v in np.unique(labels[labels > 0])):
+        sel = labels == h
+        levels.append({"difficulty": h, "tokens": int(sel.sum()), "accuracy": _mean(scores.correct[sel]),
+                       "mean_nll": _mean(scores.nll[sel]), "mean_exit": _mean(exits[sel])})
+    classes = {}
+    for name, sel in [("answer", labels > 0)] + [(n, labels == c) for n, c in CLASSES.items()]:
+        classes[name] = {"tokens": int(sel.sum()), "mean_nll": _mean(scores.nll[sel]), "mean_exit": _mean(exits[sel]),
+                         "pass_share": float(exits[sel].sum()) / total_passes if total_passes else float("nan"),
+                         "token_share": float(sel.mean()) if len(sel) else float("nan")}
+    answers = labels > 0
+    return {"levels": levels, "classes": classes, "answer_accuracy": _mean(scores.correct[answers]),
+            "spearman_difficulty_exit": spearman(labels[answers], exits[answers]),
+            "mean_exit": _mean(exits), "tokens": len(scores)}
+
+
+def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "val", batch_size: int = 32,
+                        pruning_seeds: Sequence[int] = (0,), halting_policy: Callable | None = None) -> dict[str, Any]:
+    """Score ``split`` of a labelled corpus with ``model`` and return :func:`by_difficulty`'s tables, plus
+    ``fixed_pruning`` (rule → per-seed tables at the learned mean exit pass) for gated models."""
+    from adaponder.data.layout import read_meta
+    from adaponder.data.reasoning import read_token_labels
+
+    from .perplexity import load_documents, score_documents
+    from .pruning import FIXED_RULES, make_policy
+
+    labels = read_token_labels(data_dir, split)
+    docs = load_documents(data_dir, tokenizer, split=split)
+    window = max(len(d) for d in docs)  # one window per document: every token sees its whole document
+    kw = dict(window=window, stride=window, batch_size=batch_size, eod_id=int(read_meta(data_dir)["eod_id"]))
+    scores = score_documents(model, docs, halting_policy=halting_policy, **kw)
+    lab = token_labels(scores, labels)
+    out = by_difficulty(scores, lab)
+    K = int(model.config.num_passes)
+    if model.config.gated and halting_policy is None and 1.0 < out["mean_exit"] < K:
+        out["fixed_pruning"] = {
+            rule: [by_difficulty(score_documents(model, docs, halting_policy=make_policy(rule, K, out["mean_exit"],
+                                                                                         seed=s), **kw), lab)
+                   for s in pruning_seeds]
+            for rule in FIXED_RULES}
+    return out
+
+
+def format_tables(res: Mapping[str, Any]) -> str:
+    """Markdown tables of one :func:`evaluate_difficulty` result."""
+    lines = ["| difficulty | answers | accuracy | mean NLL | mean exit pass |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['difficulty']} | {r['tokens']} | {r['accuracy']:.3f} | {r['mean_nll']:.3f} | {r['mean_exit']:.2f} |"
+              for r in res["levels"]]
+    lines += ["", "| tokens | count | mean NLL | mean exit pass | share of tokens | share of token-passes |",
+              "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {c['tokens']} | {c['mean_nll']:.3f} | {c['mean_exit']:.2f} | {c['token_share']:.3f} | "
+              f"{c['pass_share']:.3f} |" for name, c in res["classes"].items()]
+    rho = res["spearman_difficulty_exit"]
+    lines += ["", f"Spearman(difficulty, exit pass) on answers: {'–' if math.isnan(rho) else f'{rho:.3f}'}"]
+    for rule, runs in (res.get("fixed_pruning") or {}).items():
+        accs = ", ".join(f"H={r['difficulty']}: {np.mean([run['levels'][i]['accuracy'] for run in runs]):.3f}"
+                         for i, r in enumerate(res["levels"]))
+        lines.append(f"fixed pruning ({rule}, mean exit {res['mean_exit']:.2f}): {accs}")
+    return "\n".join(lines)
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    from .settings import load_for_eval
+
+    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.difficulty", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="an exported model folder (hf/ of a run)")
+    p.add_argument("--data", required=True, help="a labelled corpus folder (python -m adaponder.data.reasoning)")
+    p.add_argument("--split", default="val")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--halting-threshold", type=float, default=None, help="τ of A6 (default: the checkpoint's)")
+    p.add_argument("--json", default=None, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    model, tok = load_for_eval(args.checkpoint, halting_threshold=args.halting_threshold)
+    res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size)
+    print(format_tables(res))
+    if args.json:
+        from adaponder.jsonio import json_safe, write_json_atomic
+
+        write_json_atomic(Path(args.json), json_safe(res))
+        print(f"written: {args.json}")
+    return 0
+
+
+__all__ = ["CLASSES", "by_difficulty", "evaluate_difficulty", "format_tables", "spearman", "token_labels"]
+
+if __name__ == "__main__":
+    sys.exit(main())
