@@ -101,13 +101,29 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
     lab = token_labels(scores, labels)
     out = by_difficulty(scores, lab)
     K = int(model.config.num_passes)
-    if model.config.gated and halting_policy is None and 1.0 < out["mean_exit"] < K:
+    if model.config.gated and halting_policy is None and pruning_seeds and 1.0 < out["mean_exit"] < K:
         out["fixed_pruning"] = {
             rule: [by_difficulty(score_documents(model, docs, halting_policy=make_policy(rule, K, out["mean_exit"],
                                                                                          seed=s), **kw), lab)
                    for s in pruning_seeds]
             for rule in FIXED_RULES}
     return out
+
+
+def difficulty_by_tau(model, data_dir: str | Path, tokenizer, taus: Sequence[float], split: str = "val",
+                      batch_size: int = 32) -> list[dict[str, Any]]:
+    """:func:`evaluate_difficulty` at each halting threshold τ (ascending; no pruning controls): what raising τ
+    costs each difficulty level. τ is restored afterwards."""
+    original = model.config.halting_threshold
+    rows = []
+    try:
+        for tau in sorted(taus):
+            model.config.halting_threshold = float(tau)
+            rows.append({"tau": float(tau), **evaluate_difficulty(model, data_dir, tokenizer, split, batch_size,
+                                                                  pruning_seeds=())})
+    finally:
+        model.config.halting_threshold = original
+    return rows
 
 
 def format_tables(res: Mapping[str, Any]) -> str:
@@ -152,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["CLASSES", "by_difficulty", "evaluate_difficulty", "format_tables", "spearman", "token_labels"]
+__all__ = ["CLASSES", "by_difficulty", "difficulty_by_tau", "evaluate_difficulty", "format_tables", "spearman", "token_labels"]
 
 if __name__ == "__main__":
     sys.exit(main())

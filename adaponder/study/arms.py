@@ -146,13 +146,15 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     from adaponder.data.reasoning import has_token_labels
 
     if has_token_labels(data_dir):  # a corpus with per-token difficulty (adaponder.data.reasoning)
-        from adaponder.evaluation.difficulty import evaluate_difficulty
+        from adaponder.evaluation.difficulty import difficulty_by_tau, evaluate_difficulty
 
         out["difficulty"] = json_safe(evaluate_difficulty(model, data_dir, tok, batch_size=cfg.eval.batch_size,
                                                           pruning_seeds=cfg.eval.pruning_seeds))
         if model.config.gated:
             out["difficulty_no_halting"] = json_safe(evaluate_difficulty(
                 model, data_dir, tok, batch_size=cfg.eval.batch_size, halting_policy=_never_halt))
+            out["difficulty_tau"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus,
+                                                                batch_size=cfg.eval.batch_size))
     out["eval_wall_s"] = time.perf_counter() - t0
     return out
 
