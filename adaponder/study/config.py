@@ -43,6 +43,8 @@ class StudySection:
     #: Train and report only these arms, in this order (default: every arm of ``arms``), e.g. in a profile that
     #: reruns a few arms at another token budget.
     only: list[str] | None = None
+    #: Results folders of the same study at other token budgets, reported beside this one as a trend.
+    compare_results: list[str] = field(default_factory=list)
     #: Checkpoints and training logs (large; not committed).
     runs_dir: str = "runs/study"
     #: One small JSON per finished arm (committed): the study resumes from these.

@@ -276,6 +276,9 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
 
     def data_note(shown: Sequence[Mapping]) -> str:
         ckpts = ", ".join(sorted({r["checkpoint"] for r in shown}))
+        if data_meta.get("task"):
+            return (f"Data: {data_meta['task']['name']} task, {data_meta.get('val_documents')} held-out documents. "
+                    f"Checkpoints: {ckpts}")
         return (f"Data: {corpus} ({data_meta.get('documents')} documents; held out whole: "
                 f"{data_meta.get('val_documents')}, first {cfg.eval.max_tokens_per_doc or 'all'} tokens of each). "
                 f"Checkpoints: {ckpts}")
@@ -303,9 +306,16 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     if pending:
         L.append(f"**Incomplete:** {len(pending)} arm(s) not finished yet: {', '.join(pending)}.\n")
     L.append("## Set-up\n")
-    L.append(f"- Data: {corpus}; byte-level BPE tokenizer with {cfg.data.vocab} entries trained on the train split "
-             f"only; {data_meta.get('val_documents')} of {data_meta.get('documents')} documents held out whole "
-             f"(seed {cfg.data.split_seed}); {data_meta.get('train_tokens', 0):,} training tokens available.")
+    task = data_meta.get("task")
+    if task:
+        opts = ", ".join(f"{k} {v}" for k, v in task.items() if k not in ("name", "token_labels"))
+        L.append(f"- Data: the `{task['name']}` task of `adaponder.data.reasoning` ({opts}); "
+                 f"{data_meta.get('train_tokens', 0):,} training and {data_meta.get('val_tokens', 0):,} held-out "
+                 "tokens; word-level tokenizer, one token per symbol.")
+    else:
+        L.append(f"- Data: {corpus}; byte-level BPE tokenizer with {cfg.data.vocab} entries trained on the train "
+                 f"split only; {data_meta.get('val_documents')} of {data_meta.get('documents')} documents held out "
+                 f"whole (seed {cfg.data.split_seed}); {data_meta.get('train_tokens', 0):,} training tokens available.")
     L.append(f"- Model: Pythia layout, {model.get('hidden_size')} wide, {model.get('num_hidden_layers')} layers, "
              f"{model.get('num_attention_heads')} heads, vocabulary {model.get('vocab_size')}, "
              f"init `{model.get('init', 'hf')}`; K = {model.get('passes', 4)} passes for the looped arms, "
@@ -313,10 +323,12 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     L.append(f"- Training: {train.get('tokens') or train.get('steps')} {'tokens' if train.get('tokens') else 'steps'} "
              f"per arm, sequence length {base.get('data', {}).get('seq_len')}, global batch "
              f"{train.get('global_batch')}, AdamW lr {base.get('optim', {}).get('lr')} (cosine), same data order "
-             f"and seed for every arm; seeds {cfg.study.seed} (all arms) and {cfg.study.repeat_seed} "
-             f"({', '.join(cfg.study.repeat_arms)}).")
+             f"and seed for every arm; seed {cfg.study.seed} (all arms)"
+             + (f" and {cfg.study.repeat_seed} ({', '.join(cfg.study.repeat_arms)})." if cfg.study.repeat_seed is not None
+                else "."))
+    shown_arms = dict.fromkeys(a for a, _ in cfg.arm_runs())
     L.append("- Arms (overrides of the base config): " + "; ".join(
-        f"`{a}` " + ", ".join(f"{k}={v}" for k, v in o.items()) for a, o in cfg.arms.items()) + ".")
+        f"`{a}` " + ", ".join(f"{k}={v}" for k, v in cfg.arms[a].items()) for a in shown_arms) + ".")
     L.append("- Evaluation: held-out windows of the training length, not overlapping; FLOPs per token by the A17 "
              "convention (docs/method.md) with each window's length as context; \"× vanilla\" divides by the "
              "vanilla arm's FLOPs/token.\n")
@@ -336,6 +348,13 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     total_wall = sum((r["train"].get("wall_s") or 0) + (r.get("eval_wall_s") or 0) for r in results)
     L.append(f"Total compute of the stored results: {total_wall / 60:.1f} min (training + evaluation, this "
              "2-core CPU machine).\n")
+    from .difficulty_report import section
+
+    from . import trend
+
+    L += section(results, figs, rel, data_note(results) if results else "")
+    L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
+                       data_note(results) if results else "")
     if plots["pareto"]:
         L.append(f"![Pareto plot]({rel(plots['pareto'])})\n")
     L.append("## The paper's claims at this scale\n")

@@ -1,0 +1,246 @@
+"""The study report's section for a corpus with known per-token difficulty (:mod:`adaponder.data.reasoning`):
+answer accuracy by difficulty for every arm, where the gates spend their passes (by difficulty and on filler),
+learned halting against fixed pruning and the τ dial by difficulty, the reasoning goals checked against the
+numbers, and two plots (accuracy vs difficulty; exit pass vs difficulty with filler apart).
+
+A difference counts only when it exceeds the seed spread: the largest accuracy difference between the two seeds
+of a repeated arm at any difficulty level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from statistics import mean
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .arms import arm_id  # noqa: E402
+
+LOOPED = ("ponderlm", "loop", "adaponder")
+SEPARATION = 0.20   # a looped arm must beat vanilla by this much at some level
+AD_TOLERANCE = 0.03  # adaponder within this of ponderlm at every level ...
+AD_BUDGET = 0.70     # ... at no more than this share of its answer-token passes
+RHO_GOAL = 0.5
+
+
+def _levels(res: Mapping) -> dict[int, float]:
+    return {lv["difficulty"]: lv["accuracy"] for lv in res["difficulty"]["levels"]}
+
+
+def _by_arm(results: Sequence[Mapping]) -> dict[str, list[Mapping]]:
+    out: dict[str, list[Mapping]] = {}
+    for r in results:
+        out.setdefault(r["arm"], []).append(r)
+    return out
+
+
+def accuracy_spread(results: Sequence[Mapping]) -> float:
+    """Largest |accuracy(seed 1) − accuracy(seed 2)| over repeated arms and difficulty levels."""
+    spreads = []
+    for runs in _by_arm(results).values():
+        if len(runs) > 1:
+            for h in _levels(runs[0]):
+                vals = [_levels(r)[h] for r in runs]
+                spreads.append(max(vals) - min(vals))
+    return max(spreads) if spreads else float("nan")
+
+
+def mean_accuracy(runs: Sequence[Mapping]) -> dict[int, float]:
+    return {h: mean(_levels(r)[h] for r in runs) for h in _levels(runs[0])}
+
+
+def _answer_exit(res: Mapping) -> float:
+    return float(res["difficulty"]["classes"]["answer"]["mean_exit"])
+
+
+def check_goals(results: Sequence[Mapping]) -> list[dict[str, str]]:
+    """The reasoning study's acceptance and goals against the numbers; rows: goal, numbers, verdict."""
+    arms = _by_arm(results)
+    noise = accuracy_spread(results)
+    margin = noise if math.isfinite(noise) else 0.0
+    noise_txt = f"seed spread {noise:.3f}" if math.isfinite(noise) else "no repeated seed"
+    rows = []
+    van = mean_accuracy(arms["vanilla"]) if "vanilla" in arms else None
+    looped = [a for a, runs in arms.items() if runs[0].get("mode") in LOOPED and runs[0].get("passes", 1) > 1]
+    if van and looped:
+        best = max(((a, h, mean_accuracy(arms[a])[h] - van[h]) for a in looped for h in van), key=lambda t: t[2])
+        a, h, gap = best
+        ok = gap >= SEPARATION and gap - margin >= SEPARATION
+        deep = mean_accuracy(arms["vanilla-deep"])[h] if "vanilla-deep" in arms else None
+        rows.append({"goal": f"the arms separate: a looped arm beats same-parameter vanilla by ≥ {SEPARATION * 100:.0f} points "
+                             "at some difficulty, beyond the seed spread",
+                     "numbers": f"largest gap: {a} at H={h}: {mean_accuracy(arms[a])[h]:.3f} vs vanilla {van[h]:.3f} "
+                                f"(+{gap:.3f}; {noise_txt})"
+                                + (f"; vanilla-deep (depth reference) {deep:.3f}" if deep is not None else ""),
+                     "verdict": "holds" if ok else "does not hold"})
+    if van and "ponderlm" in arms:
+        pl = mean_accuracy(arms["ponderlm"])
+        hard = sorted(pl)[-2:]
+        gaps = [pl[h] - van[h] for h in hard]
+        rows.append({"goal": f"ponderlm ≥ {SEPARATION * 100:.0f} points above vanilla at the two hardest levels",
+                     "numbers": "; ".join(f"H={h}: {pl[h]:.3f} vs {van[h]:.3f}" for h in hard) + f" ({noise_txt})",
+                     "verdict": "met" if all(g >= SEPARATION for g in gaps) else "not met"})
+    if "ponderlm" in arms:
+        pl = mean_accuracy(arms["ponderlm"])
+        K = arms["ponderlm"][0].get("passes", 4)
+        for a in (x for x in arms if arms[x][0].get("mode") == "adaponder"):
+            ad = mean_accuracy(arms[a])
+            share = mean(_answer_exit(r) for r in arms[a]) / K
+            worst = min(ad[h] - pl[h] for h in pl)
+            ok = worst >= -AD_TOLERANCE and share <= AD_BUDGET
+            rows.append({"goal": f"{a} within {AD_TOLERANCE * 100:.0f} points of ponderlm at every level at ≤ {AD_BUDGET:.0%} of its "
+                                 "answer-token passes (FLOPs ∝ passes)",
+                         "numbers": "; ".join(f"H={h}: {ad[h]:.3f} vs {pl[h]:.3f}" for h in pl)
+                                    + f"; answer passes {share:.0%} of ponderlm's",
+                         "verdict": "met" if ok else "not met"})
+    for r in (x for x in results if x.get("mode") == "adaponder"):
+        d = r["difficulty"]
+        rho = d["spearman_difficulty_exit"]
+        c = d["classes"]
+        rows.append({"goal": f"{arm_id(r['arm'], r['seed'])}: Spearman(difficulty, exit pass) ≥ {RHO_GOAL} on answers; "
+                             "the share of passes spent on filler",
+                     "numbers": f"ρ = {_fmt(rho, '.3f')}; filler: {c['filler']['token_share']:.1%} of tokens, "
+                                f"{c['filler']['pass_share']:.1%} of token-passes (mean exit {c['filler']['mean_exit']:.2f}, "
+                                f"NLL {c['filler']['mean_nll']:.2f}); answers: {c['answer']['token_share']:.1%} of "
+                                f"tokens, {c['answer']['pass_share']:.1%} of token-passes",
+                     "verdict": "met" if rho is not None and math.isfinite(rho) and rho >= RHO_GOAL else "not met"})
+    return rows
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _acc_cells(levels: Sequence[Mapping]) -> str:
+    return " | ".join(_fmt(lv["accuracy"]) for lv in levels)
+
+
+# -- plots -------------------------------------------------------------------------------------------------
+def _color(i: int) -> str:
+    return plt.get_cmap("tab10")(i % 10)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_png(results: Sequence[Mapping], path: Path, note: str) -> Path:
+    """Held-out answer accuracy vs difficulty, one line per arm (mean over seeds, bars: seed range)."""
+    fig, ax = plt.subplots(figsize=(7.6, 4.8))
+    for i, (arm, runs) in enumerate(_by_arm(results).items()):
+        hs = sorted(_levels(runs[0]))
+        acc = [[_levels(r)[h] for r in runs] for h in hs]
+        mid = [mean(a) for a in acc]
+        err = [[m - min(a) for m, a in zip(mid, acc)], [max(a) - m for m, a in zip(mid, acc)]]
+        ax.errorbar(hs, mid, yerr=err, marker="o", capsize=3, color=_color(i), ls="--" if arm.startswith("vanilla")
+                    else "-", label=f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+    ax.set_xticks(sorted({h for r in results for h in _levels(r)}))
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("difficulty H (hops of f composed)")
+    ax.set_ylabel("held-out answer accuracy (greedy)")
+    ax.set_title("Where the passes pay: accuracy on held-out compositions", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
+    return _save(fig, path)
+
+
+def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
+    """Mean exit pass of answer tokens vs difficulty for each gated run; filler and prompt tokens apart."""
+    gated = [r for r in results if r.get("mode") == "adaponder"]
+    if not gated:
+        return None
+    fig, ax = plt.subplots(figsize=(7.6, 4.8))
+    hs = sorted(_levels(gated[0]))
+    apart = {"prompt": max(hs) + 1.2, "filler": max(hs) + 2.0}
+    for i, r in enumerate(gated):
+        d = r["difficulty"]
+        ax.plot(hs, [lv["mean_exit"] for lv in d["levels"]], marker="o", color=_color(i),
+                label=arm_id(r["arm"], r["seed"]))
+        for name, x in apart.items():
+            ax.scatter([x], [d["classes"][name]["mean_exit"]], marker="s", color=_color(i), zorder=3)
+    ax.plot(hs, hs, ":", color="gray", label="ideal: exit at pass H")
+    ax.axvline(max(hs) + 0.6, color="gray", lw=0.8)
+    ax.set_xticks(hs + list(apart.values()))
+    ax.set_xticklabels([f"H={h}" for h in hs] + list(apart))
+    K = max(r.get("passes", 4) for r in gated)
+    ax.set_ylim(0.8, K + 0.2)
+    ax.set_ylabel("mean exit pass")
+    ax.set_title("Passes spent by difficulty (answers) and on unpredictable tokens (right)", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
+    return _save(fig, path)
+
+
+# -- Markdown ----------------------------------------------------------------------------------------------
+def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], note: str) -> list[str]:
+    """The report's lines for the labelled results (empty when none carries ``difficulty``)."""
+    shown = [r for r in results if r.get("difficulty")]
+    if not shown:
+        return []
+    hs = [lv["difficulty"] for lv in shown[0]["difficulty"]["levels"]]
+    head = " | ".join(f"H={h}" for h in hs)
+    L = ["## Accuracy by difficulty\n",
+         "Held-out answers: every query asks a symbol whose compositions (H ≥ 2) never appear in training, so only "
+         "composing f answers them; H = 1 asks f itself (trained). Greedy accuracy over "
+         f"{shown[0]['difficulty']['levels'][0]['tokens']:,} answers per level; the exit pass of an answer is that "
+         "of the position predicting it.\n",
+         f"| arm | seeds | {head} | mean exit pass (answers) | parameters |",
+         "|---|---|" + "---:|" * len(hs) + "---:|---:|"]
+    for arm, runs in _by_arm(shown).items():
+        accs = [[_levels(r)[h] for r in runs] for h in hs]
+        cells = " | ".join(f"{mean(a):.3f}" + (f" ({min(a):.3f}–{max(a):.3f})" if len(a) > 1 else "") for a in accs)
+        L.append(f"| {arm} | {', '.join(str(r['seed']) for r in runs)} | {cells} | "
+                 f"{mean(_answer_exit(r) for r in runs):.2f} | {runs[0]['parameters']['total'] / 1e6:.2f}M |")
+    spread = accuracy_spread(shown)
+    L.append(f"\nSeed spread of accuracy (largest over repeated arms and levels): {_fmt(spread)}.\n")
+    L.append(f"![Accuracy by difficulty]({rel(accuracy_png(shown, figs / 'accuracy_by_difficulty.png', note))})\n")
+    L.append("### Goals\n")
+    L.append("| goal | numbers | verdict |\n|---|---|---|")
+    L += [f"| {g['goal']} | {g['numbers']} | **{g['verdict']}** |" for g in check_goals(shown)]
+    L.append("")
+    gated = [r for r in shown if r.get("mode") == "adaponder"]
+    if gated:
+        L.append("### Where the gates spend passes\n")
+        L.append(f"| run | exit pass {head} | prompt | filler | structure | ρ(H, exit) | passes on filler | "
+                 "passes on answers |")
+        L.append("|---|" + "---:|" * (len(hs) + 6))
+        for r in gated:
+            d = r["difficulty"]
+            c = d["classes"]
+            L.append(f"| {arm_id(r['arm'], r['seed'])} | " + " | ".join(_fmt(lv["mean_exit"], ".2f") for lv in d["levels"])
+                     + f" | {_fmt(c['prompt']['mean_exit'], '.2f')} | {_fmt(c['filler']['mean_exit'], '.2f')} | "
+                     f"{_fmt(c['structure']['mean_exit'], '.2f')} | {_fmt(d['spearman_difficulty_exit'])} | "
+                     f"{_fmt(c['filler']['pass_share'], '.1%')} | {_fmt(c['answer']['pass_share'], '.1%')} |")
+        png = exit_png(shown, figs / "exit_by_difficulty.png", note)
+        L.append(f"\n![Exit pass by difficulty]({rel(png)})\n")
+        L.append("### Learned halting, fixed pruning and the τ dial, by difficulty\n")
+        L.append(f"| run | policy | mean exit pass | {head} |")
+        L.append("|---|---|---:|" + "---:|" * len(hs))
+        for r in gated:
+            name, d = arm_id(r["arm"], r["seed"]), r["difficulty"]
+            L.append(f"| {name} | learned | {d['mean_exit']:.2f} | {_acc_cells(d['levels'])} |")
+            for rule, runs in (d.get("fixed_pruning") or {}).items():
+                accs = [mean(run["levels"][i]["accuracy"] for run in runs) for i in range(len(hs))]
+                L.append(f"| {name} | fixed pruning, {rule} (mean of {len(runs)} seeds) | "
+                         f"{mean(run['mean_exit'] for run in runs):.2f} | " + " | ".join(f"{a:.3f}" for a in accs) + " |")
+            if r.get("difficulty_no_halting"):
+                nh = r["difficulty_no_halting"]
+                L.append(f"| {name} | no halting (all K passes) | {nh['mean_exit']:.2f} | {_acc_cells(nh['levels'])} |")
+            for row in r.get("difficulty_tau") or []:
+                L.append(f"| {name} | τ = {row['tau']:g} | {row['mean_exit']:.2f} | {_acc_cells(row['levels'])} |")
+        L.append("")
+    return L
+
+
+__all__ = ["accuracy_spread", "check_goals", "mean_accuracy", "section"]

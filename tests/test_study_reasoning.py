@@ -1,0 +1,118 @@
+"""The reasoning study (configs/study/reasoning.yaml): its quick profile end to end on a tiny multi-hop task, resume
+without retraining, a deleted arm retrained to the same figures; the goals and the token-budget trend computed
+from known numbers."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+ARMS = ["vanilla", "ponderlm", "adaponder-paper"]
+
+
+def _study(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "launch" / "study.py"), "--config", str(REPO / "configs/study/reasoning.yaml"),
+           "--profile", "quick", "--set", f"study.runs_dir={tmp / 'runs'}",
+           "--set", f"study.results_dir={tmp / 'results'}", "--set", f"study.report={tmp / 'study.md'}", *extra]
+    env = {**__import__("os").environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reasoning")
+    proc = _study(tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp
+
+
+def test_quick_profile_reports_accuracy_and_exits_by_difficulty(study):
+    results = {p.stem: json.loads(p.read_text()) for p in (study / "results").glob("*.json")}
+    assert set(results) == {f"{a}-s1234" for a in ARMS}
+    for res in results.values():
+        levels = res["difficulty"]["levels"]
+        assert [lv["difficulty"] for lv in levels] == [1, 2, 3]
+        assert all(lv["tokens"] == 12 * 2 for lv in levels)  # 12 held-out documents, each H twice
+    gated = results["adaponder-paper-s1234"]
+    assert [row["tau"] for row in gated["difficulty_tau"]] == [1e-4, 0.3]
+    assert gated["difficulty_no_halting"]["mean_exit"] == 4
+    report = (study / "study.md").read_text()
+    for text in ("## Accuracy by difficulty", "### Goals", "### Where the gates spend passes",
+                 "the `multihop` task", "| adaponder-paper-s1234 | τ = 0.3 |"):
+        assert text in report
+    for png in ("accuracy_by_difficulty.png", "exit_by_difficulty.png"):
+        assert (study / "results" / png).stat().st_size > 10_000
+
+
+def test_rerun_trains_nothing_and_a_deleted_arm_retrains_to_the_same_figures(study):
+    before = json.loads((study / "results" / "ponderlm-s1234.json").read_text())
+    report = (study / "study.md").read_text()
+    again = _study(study)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 3
+    assert (study / "study.md").read_text() == report
+    (study / "results" / "ponderlm-s1234.json").unlink()
+    shutil.rmtree(study / "runs" / "ponderlm-s1234")
+    third = _study(study)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert third.stdout.count("== training") == 1
+    after = json.loads((study / "results" / "ponderlm-s1234.json").read_text())
+    assert after["difficulty"] == before["difficulty"] and after["heldout"] == before["heldout"]
+
+
+def _res(arm, seed, accs, exits=None, mode=None, passes=4, rho=None):
+    exits = exits or [passes] * len(accs)
+    levels = [{"difficulty": h + 1, "tokens": 100, "accuracy": a, "mean_nll": 1.0, "mean_exit": e}
+              for h, (a, e) in enumerate(zip(accs, exits))]
+    cls = {name: {"tokens": 10, "mean_nll": 1.0, "mean_exit": 2.0, "pass_share": 0.2, "token_share": 0.25}
+           for name in ("answer", "structure", "prompt", "filler")}
+    cls["answer"]["mean_exit"] = sum(exits) / len(exits)
+    return {"arm": arm, "seed": seed, "mode": mode or arm.split("-")[0], "passes": passes,
+            "difficulty": {"levels": levels, "classes": cls, "spearman_difficulty_exit": rho, "mean_exit": 2.0}}
+
+
+def test_goals_are_computed_against_the_seed_spread():
+    from adaponder.study.difficulty_report import accuracy_spread, check_goals
+
+    results = [_res("vanilla", 1, [1.0, 0.0, 0.0, 0.0], passes=1), _res("vanilla", 2, [1.0, 0.02, 0.0, 0.0], passes=1),
+               _res("ponderlm", 1, [1.0, 0.6, 0.3, 0.25]), _res("ponderlm", 2, [1.0, 0.5, 0.3, 0.21]),
+               _res("adaponder-paper", 1, [1.0, 0.54, 0.28, 0.21], exits=[1, 2, 3, 4], rho=0.7)]
+    assert accuracy_spread(results) == pytest.approx(0.1)
+    rows = check_goals(results)
+    assert len(rows) == 4
+    assert rows[0]["verdict"] == "holds" and "ponderlm at H=2" in rows[0]["numbers"]  # 0.55 − 0.01 beyond 0.1
+    assert rows[1]["verdict"] == "met"                    # H=3, 4: +0.30, +0.23
+    assert rows[2]["verdict"] == "met"                    # within 0.03 of (0.55, 0.30, 0.23) at 62 % of the passes
+    assert rows[3]["verdict"] == "met" and "ρ = 0.700" in rows[3]["numbers"]
+    # one point more than the tolerance at one level, or a budget above 70 %, fails the goal
+    results[-1] = _res("adaponder-paper", 1, [1.0, 0.51, 0.28, 0.21], exits=[1, 2, 3, 4], rho=0.3)
+    rows = check_goals(results)
+    assert rows[2]["verdict"] == "not met" and rows[3]["verdict"] == "not met"
+
+
+def test_token_trend_table_gain_and_verdict(tmp_path):
+    from adaponder.study import trend
+    from adaponder.study.report import seed_spread
+
+    def r(arm, seed, tokens, ppl):
+        return {"arm": arm, "seed": seed, "heldout": {"ppl": ppl}, "train": {"tokens": tokens}}
+
+    old = tmp_path / "old"
+    old.mkdir()
+    for res in (r("ponderlm-k1", 1, 100, 140.0), r("ponderlm", 1, 100, 144.0), r("ponderlm", 2, 100, 146.0)):
+        (old / f"{res['arm']}-s{res['seed']}.json").write_text(json.dumps(res))
+    (old / "notes.json").write_text("[1, 2]")  # not a result: ignored
+    new = [r("ponderlm-k1", 1, 400, 80.0), r("ponderlm", 1, 400, 76.0)]
+    lines = trend.section(new, [str(old)], 1, seed_spread, tmp_path, lambda p: p.name, "note")
+    text = "\n".join(lines)
+    assert "| ponderlm | 144.00 | 76.00 |" in text and "| gain of ponderlm over ponderlm-k1 | -4.00 | +4.00 |" in text
+    assert "at any one budget): 2.00." in text
+    assert "grows with tokens (-4.00 → +4.00); the deficit flips: the passes pay" in text
+    assert (tmp_path / "token_trend.png").stat().st_size > 10_000
+    assert trend.verdict({100: -4.0, 400: -3.0}, 2.0).startswith("no change beyond the seed spread")
+    assert trend.verdict({100: -4.0}, 2.0) == "one budget only: no trend yet"
