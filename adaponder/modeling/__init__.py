@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .configuration_adaponder import AdaPonderConfig, AdaPonderConfigError
-from .modeling_adaponder import AdaPonderCausalLMOutput, AdaPonderForCausalLM, PonderGate, ponder_loss
+from .modeling_adaponder import AdaPonderCausalLMOutput, AdaPonderForCausalLM, GateWarmup, PonderGate, ponder_loss
 from .ponder_cache import KVAligner, PonderCache
 from .presets import PYTHIA_SHAPES, pythia_config, pythia_shape
 
@@ -15,6 +15,7 @@ AdaPonderConfig.register_for_auto_class()
 AdaPonderForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
-    "AdaPonderConfig", "AdaPonderConfigError", "AdaPonderForCausalLM", "AdaPonderCausalLMOutput", "PonderGate",
+    "AdaPonderConfig", "AdaPonderConfigError", "AdaPonderForCausalLM", "AdaPonderCausalLMOutput", "GateWarmup",
+    "PonderGate",
     "ponder_loss", "PonderCache", "KVAligner", "PYTHIA_SHAPES", "pythia_config", "pythia_shape",
 ]

@@ -102,6 +102,22 @@ class PauseEmbeddings(nn.Module):
         return torch.cat([x[:, :, None], pauses], dim=2).reshape(batch, -1, d)
 
 
+@dataclass(frozen=True)
+class GateWarmup:
+    """How the gates act in a training step of the warm-up (A13 **[choice]**, ``schedule.gate_warmup``); the
+    trainer passes one to :meth:`AdaPonderForCausalLM.forward` while the warm-up lasts, None afterwards.
+
+    bypass: the PonderLM regime, s ≡ 1 and m ≡ 1: the gates are not run (and receive no gradient).
+    halting: False keeps every token active (m ≡ 1) while the gates still scale the update (A7).
+    logit_floor: the gates' logit is clamped from below (s ≥ σ(floor)), so cross-entropy cannot push a gate
+        into the flat tail of the sigmoid where its gradient (σ' ≈ s) is gone.
+    """
+
+    bypass: bool = False
+    halting: bool = True
+    logit_floor: float | None = None
+
+
 class PonderGate(nn.Module):
     """Iteration-specific halting gate (A5): ``s = σ(Linear(d, m·d) → act → Linear(m·d, 1))``."""
 
@@ -112,8 +128,11 @@ class PonderGate(nn.Module):
         self.act = _GATE_ACTS[config.gate_activation]()
         self.fc_out = GateOutput(width, 1)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.fc_out(self.act(self.fc_in(hidden))).squeeze(-1).float())
+    def forward(self, hidden: torch.Tensor, logit_floor: float | None = None) -> torch.Tensor:
+        logit = self.fc_out(self.act(self.fc_in(hidden))).squeeze(-1).float()
+        if logit_floor is not None:
+            logit = logit.clamp(min=logit_floor)
+        return torch.sigmoid(logit)
 
 
 def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) -> torch.Tensor:
@@ -415,6 +434,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         return_pass_logits: bool = False,
         return_logits: bool = True,
         halting_policy=None,
+        gate_warmup: GateWarmup | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> AdaPonderCausalLMOutput:
@@ -426,6 +446,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         ``return_logits=False`` (training) computes the loss in chunks without the ``[B, T, V]`` logits.
         ``halting_policy(pass_idx, active, s, valid) -> bool [B, T]`` replaces the threshold rule of A6
         (which tokens stay active after this pass); the mask stays monotone whatever it returns.
+        ``gate_warmup`` (:class:`GateWarmup`, training's warm-up only) bypasses, floors or stops the gates' halting.
         """
         cfg = self.config
         cache = cache if cache is not None else past_key_values
@@ -481,12 +502,14 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             if not cfg.ponders:
                 break
             s = None
-            if cfg.gated:
-                s_flat = self.gates[i - 1](h_flat)  # A5
+            if cfg.gated and not (gate_warmup is not None and gate_warmup.bypass):
+                s_flat = self.gates[i - 1](h_flat, None if gate_warmup is None else gate_warmup.logit_floor)  # A5
                 s = self._unflatten(s_flat, subset, batch, length)
                 gate_values.append(torch.where(active, s, torch.zeros_like(s)))
                 gate_masks.append(active & valid)
-                if halting_policy is None:
+                if gate_warmup is not None and not gate_warmup.halting:
+                    next_active = active
+                elif halting_policy is None:
                     next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
                 else:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
                     next_active = active & halting_policy(i, active, s.detach(), valid).bool()
@@ -783,5 +806,5 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         return cfg.num_passes * cfg.num_hidden_layers * 2 * cfg.hidden_size * self.dtype.itemsize
 
 
-__all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "PonderGate",
+__all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "GateWarmup", "PonderGate",
            "TokenIdError", "check_token_ids", "ponder_loss"]

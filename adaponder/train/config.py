@@ -111,6 +111,12 @@ class ScheduleConfig:
     #: λ of A13.
     ponder_weight: NonNegativeFloat = 0.1
     k_max: UnitFloat = 0.1
+    #: What the gates do before ``s0`` (A13 **[choice]**): ``live`` (the paper: they scale updates and halt from the
+    #: first step), ``bypassed`` (the PonderLM regime until ``s0``: s ≡ 1, no halting, gates frozen) or ``floored``
+    #: (no halting and gate logits floored at ``gate_floor`` until ``s0``; the floor relaxes until ``s1``).
+    gate_warmup: Literal["live", "bypassed", "floored"] = "live"
+    #: The gate-logit floor of ``floored`` before ``s0`` (0: s ≥ 0.5).
+    gate_floor: Float = 0.0
 
 
 @dataclass

@@ -204,6 +204,10 @@ def train_line(step: int, total: int, r: dict[str, Any]) -> str:
         parts.append(f"MFU {r['mfu_pct']:.1f} %")
     if "active_fraction" in r:
         parts.append("active " + "/".join(f"{a:.2f}" for a in r["active_fraction"]))
+    if r.get("gate_median"):
+        parts.append("gate medians " + "/".join(f"{m:.2g}" for m in r["gate_median"]))
+    if r.get("gate_warmup"):
+        parts.append(f"gates {r['gate_warmup']}")
     if r.get("skipped"):
         parts.append(f"skipped {r['skipped']}")
     return " | ".join(parts)

@@ -52,9 +52,36 @@ def ponder_schedule(step: int, *, s0: int, s1: int, k_max: float, weight: float)
     return PonderState(k_max * ramp, weight)
 
 
+GATE_WARMUPS = ("live", "bypassed", "floored")
+
+
+def gate_warmup(step: int, *, regime: str, s0: int, s1: int, floor: float, tau: float):
+    """How the gates act at ``step`` (A13 **[choice]**): a :class:`~adaponder.modeling.GateWarmup`, or None when
+    they act as the method defines (always for ``live``, the paper's schedule).
+
+    * ``bypassed``: before ``s0`` the PonderLM regime (s ≡ 1, m ≡ 1; the gates are not run and not updated);
+      from ``s0`` the gates act and learn from their initial bias, with the ponder loss.
+    * ``floored``: before ``s0`` no token halts and the gate logits are floored at ``floor`` (the gates learn but
+      cannot saturate); from ``s0`` to ``s1`` the floor falls linearly to 4 nats below the halting threshold's
+      logit, so halting becomes possible as the ponder loss ramps up; from ``s1`` on, no floor.
+    """
+    from adaponder.modeling import GateWarmup
+
+    if regime == "live" or step >= (s0 if regime == "bypassed" else s1):
+        return None
+    if regime == "bypassed":
+        return GateWarmup(bypass=True, halting=False)
+    if regime != "floored":
+        raise ValueError(f"unknown gate warm-up {regime!r} (expected one of {', '.join(GATE_WARMUPS)})")
+    if step < s0:
+        return GateWarmup(halting=False, logit_floor=floor)
+    end = math.log(tau / (1.0 - tau)) - 4.0
+    return GateWarmup(logit_floor=floor + (end - floor) * (step - s0) / max(1, s1 - s0))
+
+
 def stage(step: int, gates_only_steps: int) -> str:
     """A14: ``"gates_only"`` (backbone frozen) for the first ``gates_only_steps`` steps, then ``"joint"``."""
     return "gates_only" if step < gates_only_steps else "joint"
 
 
-__all__ = ["learning_rate", "ponder_schedule", "PonderState", "stage"]
+__all__ = ["GATE_WARMUPS", "gate_warmup", "learning_rate", "ponder_schedule", "PonderState", "stage"]

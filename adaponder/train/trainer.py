@@ -40,7 +40,8 @@ from .distributed import broadcast_error, create_engine, deal, init_distributed
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
-from .schedule import learning_rate, ponder_schedule, stage
+from .gate_watch import GateWatch, gate_curves_png, gate_stats
+from .schedule import gate_warmup, learning_rate, ponder_schedule, stage
 from .stopping import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped, install_stop_signals,
                        restore_signals, saved_and_stopped, stop_at_step)
 
@@ -126,6 +127,7 @@ class Trainer:
         self.consecutive_skips = 0
         self.skipped_total = 0
         self._skipped_window = 0  # skipped steps since the last train record
+        self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
         if self.resume_dir is not None:
             self._load(self.resume_dir)
         else:
@@ -290,7 +292,8 @@ class Trainer:
         return {"train.steps": plan.total_steps, "optim.warmup": plan.warmup_steps, "optim.lr": cfg.optim.lr,
                 "optim.decay": cfg.optim.decay, "optim.min_lr_ratio": cfg.optim.min_lr_ratio,
                 "schedule.s0": plan.s0, "schedule.s1": plan.s1, "schedule.k_max": cfg.schedule.k_max,
-                "schedule.ponder_weight": cfg.schedule.ponder_weight, "init.gates_only_tokens": plan.gates_only_steps}
+                "schedule.ponder_weight": cfg.schedule.ponder_weight, "init.gates_only_tokens": plan.gates_only_steps,
+                "schedule.gate_warmup": cfg.schedule.gate_warmup, "schedule.gate_floor": cfg.schedule.gate_floor}
 
     def _check_schedule(self) -> list[str]:
         """A resume that would silently rebuild the schedules (another ``train.steps``, warm-up, decay...) is an
@@ -319,6 +322,7 @@ class Trainer:
     def _trainer_state(self) -> dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "consecutive_skips": self.consecutive_skips,
                 "skipped_total": self.skipped_total, "compat": self.compat, "plan": vars(self.plan),
+                "gate_watch": self.gate_watch.state_dict(),
                 "lr_schedule": self._schedule_record(),
                 "tokenizer": self.tokenizer_path, "config_fingerprint": self.cfg.fingerprint(),
                 "schedule": {"s0": self.plan.s0, "s1": self.plan.s1, "k_max": self.cfg.schedule.k_max,
@@ -356,6 +360,7 @@ class Trainer:
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
         self.skipped_total = int(st.get("skipped_total", 0))
+        self.gate_watch.load_state_dict(st.get("gate_watch", {}))
         if own:
             set_rng_state(rank_state["rng"])
         else:  # a rank the checkpoint has no RNG state for: its own stream, from (seed, rank, step)
@@ -391,13 +396,16 @@ class Trainer:
             old.watch.stop()
 
     # ---- one optimizer step ---------------------------------------------------------------------------
-    def _set_stage(self, step: int) -> str:
+    def _set_stage(self, step: int, gates_bypassed: bool = False) -> str:
+        """A14's stage, and which parameter groups the optimizer leaves out this step: the backbone in the
+        gates-only stage, the gates while a warm-up bypasses them (no update, no weight decay)."""
         st = stage(step, self.plan.gates_only_steps)
         frozen = st == "gates_only"
         if self.plan.gates_only_steps > 0:
             self._backbone_frozen = frozen
+        if self.plan.gates_only_steps > 0 or self.cfg.schedule.gate_warmup == "bypassed":
             for g in self.opt.param_groups:
-                g["frozen"] = frozen and g.get("part") == "backbone"
+                g["frozen"] = (frozen and g.get("part") == "backbone") or (gates_bypassed and g.get("part") == "gates")
         return st
 
     def train_step(self, train_iter) -> dict[str, Any]:
@@ -408,7 +416,10 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         ps = ponder_schedule(step, s0=plan.s0, s1=plan.s1, k_max=cfg.schedule.k_max, weight=cfg.schedule.ponder_weight)
-        st = self._set_stage(step)
+        gw = gate_warmup(step, regime=cfg.schedule.gate_warmup, s0=plan.s0, s1=plan.s1, floor=cfg.schedule.gate_floor,
+                         tau=self.model.config.halting_threshold) if self.gated else None
+        st = self._set_stage(step, gates_bypassed=gw is not None and gw.bypass)
+        warmup_kw = {} if gw is None else {"gate_warmup": gw}
         inject = step + 1 in cfg.debug.nonfinite_steps and cfg.debug.nonfinite_rank in (None, self.rank)
 
         vec = M.stats_vector(self.k_passes, self.device)
@@ -418,7 +429,8 @@ class Trainer:
             x = next(train_iter).to(self.device, non_blocking=True)
             if cfg.debug.trace_batches:
                 self._trace(step, x)
-            out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False)
+            out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
+                         **warmup_kw)
             loss, lm, pl = training_loss(out, ps)
             if inject:
                 loss = loss * float("nan")
@@ -453,8 +465,18 @@ class Trainer:
         result.update(lr=lr, k=ps.k, **{"lambda": ps.weight if ps.active else 0.0}, grad_norm=norm,
                       stage=st, skipped=skipped, loss_scale_skip=scale_skip, stop=bool(vec[M.STOP] > 0),
                       launcher_gone=bool(vec[M.GONE] > 0),
-                      nonfinite_micro=int(vec[M.NONFINITE]))
+                      nonfinite_micro=int(vec[M.NONFINITE]), gate_warmup=self._warmup_name(gw))
+        logged = (step + 1) % cfg.logging.every == 0 or step + 1 == plan.total_steps
+        if logged and out.gate_values is not None:  # the last micro-batch's gates (a host read: logged steps only)
+            result["gate_median"], result["gate_halt_share"] = gate_stats(
+                out.gate_values, out.gate_mask, self.model.config.halting_threshold)
         return result
+
+    @staticmethod
+    def _warmup_name(gw) -> str | None:
+        if gw is None:
+            return None
+        return "bypassed" if gw.bypass else f"floored at {gw.logit_floor:.2f}" + ("" if gw.halting else ", no halting")
 
     def _trace(self, step: int, x: torch.Tensor) -> None:
         import hashlib
@@ -587,8 +609,9 @@ class Trainer:
         """The train record of this step (NaN losses where it was skipped) and the throughput since the last."""
         rec = {"kind": "train", "step": self.step, "tokens": self.tokens_seen,
                **{k: res[k] for k in ("loss", "lm_loss", "ponder_loss", "k", "lambda", "mean_exit_pass",
-                                      "active_fraction", "exit_hist", "lr", "grad_norm", "stage")
-                  if self.gated or k not in ("ponder_loss", "k", "lambda")},
+                                      "active_fraction", "exit_hist", "lr", "grad_norm", "stage", "gate_warmup",
+                                      "gate_median", "gate_halt_share")
+                  if k in res and (self.gated or k not in ("ponder_loss", "k", "lambda", "gate_warmup"))},
                "skipped": self._skipped_window, **self.throughput.summary()}
         if res["skipped"]:
             for key in ("loss", "lm_loss", "ponder_loss", "mean_exit_pass"):
@@ -596,9 +619,14 @@ class Trainer:
                     rec[key] = float("nan")
         rec.update({f"train_{k}": v for k, v in
                     compute_saved(self.model, res["exit_hist"], self.plan.seq_len).items() if k == "flops_saved"})
+        if self.gated:
+            rec["tau"] = float(self.model.config.halting_threshold)
         self.sink.log(rec, M.train_line(self.step, self.plan.total_steps, rec))
         self.throughput.reset()
         self._skipped_window = 0
+        if self.gated and not res["skipped"]:
+            for alarm in self.gate_watch.observe(self.step, res.get("gate_median"), res["active_fraction"]):
+                self.sink.log({"kind": "event", **alarm}, f"WARNING: {alarm['message']}")
 
     def _stop_if_asked(self, res: dict[str, Any]) -> None:
         """On a signal (any rank) or a gone launcher: a checkpoint, then exit 128+signal; at ``train.stop_at``: a
@@ -635,10 +663,29 @@ class Trainer:
                            "wall time (s)": f"{wall:.1f}", "final train loss": f"{last.get('loss', float('nan')):.4f}",
                            "ranks": self.world_size}
                 write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
+                if self.gated:
+                    self._report_gates()
                 M.write_console(console_report(final_eval))
                 M.write_console(f"report: {cfg.out_dir / 'report.md'}")
             (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
         return summary
+
+    def _report_gates(self) -> None:
+        """Append the per-gate curves (``gates.png``) and the collapse alarms raised in this run to ``report.md``."""
+        out = self.cfg.out_dir
+        path = out / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
+            if path.is_file() else []
+        png = gate_curves_png(records, out / "gates.png", f"Gates during training (warm-up: {self.cfg.schedule.gate_warmup})")
+        alarms = [r for r in records if r.get("kind") == "event" and r.get("event") in ("gate_collapse", "dead_pass")]
+        lines = ["", "## Gates", ""]
+        lines += [f"- **alarm** (step {a['step']}): {a['message']}" for a in alarms] or \
+            ["No collapse alarm: every gate stayed above τ before the ponder loss started, and every pass ran for at "
+             "least 1 % of the tokens."]
+        if png is not None:
+            lines += ["", f"![per-gate median value and active share]({png.name})", ""]
+        with open(out / "report.md", "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
 
     # ---- export ---------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
