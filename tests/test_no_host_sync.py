@@ -63,8 +63,8 @@ def test_ponder_loss_on_meta_equals_cpu_semantics():
 def test_check_catches_an_item_in_the_pass_loop(monkeypatch):
     original = PonderGate.forward
 
-    def gate_with_sync(self, hidden):
-        s = original(self, hidden)
+    def gate_with_sync(self, hidden, logit_floor=None):
+        s = original(self, hidden, logit_floor)
         if float(s.mean().item()) < 0:  # a host read, as a debugging line would add
             raise AssertionError("unreachable")
         return s
@@ -76,7 +76,7 @@ def test_check_catches_an_item_in_the_pass_loop(monkeypatch):
 
 def test_check_catches_a_data_dependent_shape(monkeypatch):
     original = PonderGate.forward
-    monkeypatch.setattr(PonderGate, "forward", lambda self, h: original(self, h)[original(self, h) > -1])
+    monkeypatch.setattr(PonderGate, "forward", lambda self, h, floor=None: original(self, h)[original(self, h) > -1])
     with pytest.raises(HostSync):
         training_step_on_meta("adaponder")
 

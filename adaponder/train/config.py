@@ -289,6 +289,10 @@ class TrainConfig:
         what = self.to_dict()
         # A permission for one resume, not part of what the run is (and fingerprints on disk predate it).
         del what["train"]["allow_schedule_change"]
+        # Keys added later enter only when set, so the fingerprints of runs that predate them stay the same.
+        for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0)):
+            if what["schedule"].get(key) == default:
+                del what["schedule"][key]
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
