@@ -80,3 +80,26 @@ def test_tau_dial_is_monotone_in_flops():
     assert math.isclose(rows[-1]["flops"]["x_one_pass"], one["x_one_pass"], rel_tol=0.05)
     with pytest.raises(ValueError):
         parse_taus("0,0.5")
+
+
+def test_share_of_positions_whose_greedy_token_the_later_passes_change():
+    from adaponder.evaluation.halting import greedy_changed_share
+    from adaponder.modeling import AdaPonderForCausalLM
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config("adaponder", passes=3, gate_init_bias=0.0)).eval()
+    docs = [Document("a", np.arange(1, 30) % 97, 1), Document("b", np.arange(40, 51), 1)]
+    share = greedy_changed_share(model, docs, window=8, batch_size=3, eod_id=0)
+    # by hand: windows of 8 inputs over [EOD] + ids, pass-1 greedy vs output greedy
+    changed = total = 0
+    for d in docs:
+        seq = torch.tensor([0, *d.ids.tolist()])[:-1]
+        for b in range(0, len(seq), 8):
+            with torch.no_grad():
+                out = model(seq[None, b:b + 8], use_cache=False, return_pass_logits=True)
+            changed += int((out.logits.argmax(-1) != out.pass_logits[0].argmax(-1)).sum())
+            total += out.logits.shape[1]
+    assert total == 29 + 11 and share == pytest.approx(changed / total) and 0 < share < 1
+    model.config.halting_threshold = 1.0  # every token exits after pass 1: nothing can change
+    assert greedy_changed_share(model, docs, window=8, batch_size=3, eod_id=0) == 0.0

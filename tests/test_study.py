@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1"]
+ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1", "adaponder-warm"]
 
 
 def _tiny_corpus(folder: Path) -> Path:
@@ -63,6 +63,8 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     for arm in ARMS:
         assert f"| {arm} | 1234 |" in report
     assert "The paper's claims at this scale" in report and "python launch/study.py" in report
+    assert 0 <= results["adaponder-warm-s1234"]["greedy_changed_by_later_passes"] <= 1
+    assert "vanilla-s1234" not in report.split("change the greedy token")[1].split("\n")[0]  # pondering arms only
     for png in ("pareto.png", "training_curves.png", "exit_histograms.png", "nll_by_exit_pass.png"):
         assert (tmp / "results" / png).stat().st_size > 10_000
 
@@ -72,7 +74,7 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
     again = _study(tmp)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 10
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 11
     # forget one arm completely (result and run folder): training it again gives the same figures
     import shutil
 

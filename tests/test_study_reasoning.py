@@ -84,15 +84,17 @@ def test_goals_are_computed_against_the_seed_spread():
                _res("adaponder-paper", 1, [1.0, 0.54, 0.28, 0.21], exits=[1, 2, 3, 4], rho=0.7)]
     assert accuracy_spread(results) == pytest.approx(0.1)
     rows = check_goals(results)
-    assert len(rows) == 4
+    assert len(rows) == 5
     assert rows[0]["verdict"] == "holds" and "ponderlm at H=2" in rows[0]["numbers"]  # 0.55 − 0.01 beyond 0.1
     assert rows[1]["verdict"] == "met"                    # H=3, 4: +0.30, +0.23
     assert rows[2]["verdict"] == "met"                    # within 0.03 of (0.55, 0.30, 0.23) at 62 % of the passes
-    assert rows[3]["verdict"] == "met" and "ρ = 0.700" in rows[3]["numbers"]
+    assert rows[3]["verdict"] == "met by adaponder-paper"  # the warm-up goal: within 0.05, ≤ 80 %, ρ ≥ 0.5
+    assert rows[4]["verdict"] == "met" and "ρ = 0.700" in rows[4]["numbers"]
     # one point more than the tolerance at one level, or a budget above 70 %, fails the goal
     results[-1] = _res("adaponder-paper", 1, [1.0, 0.51, 0.28, 0.21], exits=[1, 2, 3, 4], rho=0.3)
     rows = check_goals(results)
-    assert rows[2]["verdict"] == "not met" and rows[3]["verdict"] == "not met"
+    assert rows[2]["verdict"] == "not met" and rows[3]["verdict"] == "not met" and rows[4]["verdict"] == "not met"
+    assert "worst -0.040 at H=2" in rows[3]["numbers"]
 
 
 def test_token_trend_table_gain_and_verdict(tmp_path):

@@ -42,6 +42,30 @@ def nll_by_exit_pass(scores: TokenScores) -> list[dict]:
     return rows
 
 
+def greedy_changed_share(model, docs, window: int, batch_size: int, eod_id: int) -> float:
+    """The share of held-out positions whose greedy token under the model's output (each token's exit-pass
+    logits) differs from pass 1's: how often passes 2..K change a choice, not just its probability. Each document
+    is read as ``[EOD] + tokens`` in windows of ``window`` inputs that do not overlap."""
+    import torch
+
+    windows = []
+    for doc in docs:
+        inputs = torch.tensor([eod_id, *doc.ids.tolist()[:-1]], dtype=torch.long)  # positions that predict a token
+        windows += [inputs[b:b + window] for b in range(0, len(inputs), window)]
+    changed = total = 0
+    by_length: dict[int, list] = {}
+    for w in windows:
+        by_length.setdefault(len(w), []).append(w)
+    with torch.no_grad():
+        for rows in by_length.values():
+            for i in range(0, len(rows), batch_size):
+                ids = torch.stack(rows[i:i + batch_size]).to(model.device)
+                out = model(input_ids=ids, use_cache=False, return_pass_logits=True)
+                changed += int((out.logits.argmax(-1) != out.pass_logits[0].argmax(-1)).sum())
+                total += ids.numel()
+    return changed / max(total, 1)
+
+
 def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
     """The ``k`` most frequent token ids among those that ran all K passes, with their mean NLL."""
     sel = scores.exit_pass == scores.passes
@@ -87,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["hardest_tokens", "nll_by_exit_pass"]
+__all__ = ["greedy_changed_share", "hardest_tokens", "nll_by_exit_pass"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -126,6 +126,11 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     out: dict[str, Any] = {"heldout": json_safe(summarize(scores, docs, model)),
                            "parameters": model.parameter_counts(), "passes": int(model.config.num_passes),
                            "mode": model.config.mode, "window": window}
+    if model.config.ponders and model.config.num_passes > 1:
+        from adaponder.evaluation.halting import greedy_changed_share
+
+        out["greedy_changed_by_later_passes"] = greedy_changed_share(model, docs, window, cfg.eval.batch_size,
+                                                                     tok.eos_token_id)
     if model.config.gated:
         K = model.config.num_passes
         out["nll_by_exit_pass"] = json_safe(nll_by_exit_pass(scores))

@@ -26,6 +26,9 @@ SEPARATION = 0.20   # a looped arm must beat vanilla by this much at some level
 AD_TOLERANCE = 0.03  # adaponder within this of ponderlm at every level ...
 AD_BUDGET = 0.70     # ... at no more than this share of its answer-token passes
 RHO_GOAL = 0.5
+WARM_TOLERANCE = 0.05  # the warm-up goal: some AdaPonder arm within this of ponderlm where ponderlm solves ...
+WARM_BUDGET = 0.80     # ... at no more than this share of its answer-token passes, with ρ >= RHO_GOAL
+SOLVED = 0.05          # a level ponderlm "solves": accuracy at least this (chance is 1 / symbols)
 
 
 def _levels(res: Mapping) -> dict[int, float]:
@@ -98,6 +101,8 @@ def check_goals(results: Sequence[Mapping]) -> list[dict[str, str]]:
                          "numbers": "; ".join(f"H={h}: {ad[h]:.3f} vs {pl[h]:.3f}" for h in pl)
                                     + f"; answer passes {share:.0%} of ponderlm's",
                          "verdict": "met" if ok else "not met"})
+    if "ponderlm" in arms and any(runs[0].get("mode") == "adaponder" for runs in arms.values()):
+        rows.append(_warmup_goal(arms))
     for r in (x for x in results if x.get("mode") == "adaponder"):
         d = r["difficulty"]
         rho = d["spearman_difficulty_exit"]
@@ -110,6 +115,31 @@ def check_goals(results: Sequence[Mapping]) -> list[dict[str, str]]:
                                 f"tokens, {c['answer']['pass_share']:.1%} of token-passes",
                      "verdict": "met" if rho is not None and math.isfinite(rho) and rho >= RHO_GOAL else "not met"})
     return rows
+
+
+def _warmup_goal(arms: Mapping[str, Sequence[Mapping]]) -> dict[str, str]:
+    """Whether any AdaPonder arm keeps ponderlm's accuracy (within WARM_TOLERANCE where ponderlm solves a level)
+    at ≤ WARM_BUDGET of its answer-token passes with Spearman(difficulty, exit) ≥ RHO_GOAL (mean over seeds)."""
+    pl = mean_accuracy(arms["ponderlm"])
+    K = arms["ponderlm"][0].get("passes", 4)
+    solved = [h for h in pl if pl[h] >= SOLVED]
+    parts, met = [], []
+    for a, runs in arms.items():
+        if runs[0].get("mode") != "adaponder":
+            continue
+        ad = mean_accuracy(runs)
+        share = mean(_answer_exit(r) for r in runs) / K
+        rhos = [r["difficulty"]["spearman_difficulty_exit"] for r in runs]
+        rho = mean(rhos) if all(x is not None and math.isfinite(x) for x in rhos) else float("nan")
+        worst = min(((ad[h] - pl[h], h) for h in solved), default=(0.0, None))
+        ok = worst[0] >= -WARM_TOLERANCE and share <= WARM_BUDGET and math.isfinite(rho) and rho >= RHO_GOAL
+        met += [a] if ok else []
+        parts.append(f"{a}: worst {worst[0]:+.3f}" + (f" at H={worst[1]}" if worst[1] else "")
+                     + f", passes {share:.0%}, ρ {_fmt(rho, '.2f')}")
+    return {"goal": f"an AdaPonder arm within {WARM_TOLERANCE * 100:.0f} points of ponderlm at every level ponderlm "
+                    f"solves (H = {', '.join(map(str, solved)) or 'none'}), at ≤ {WARM_BUDGET:.0%} of its answer-token "
+                    f"passes, with Spearman ≥ {RHO_GOAL}",
+            "numbers": "; ".join(parts), "verdict": f"met by {', '.join(met)}" if met else "not met"}
 
 
 def _fmt(x, spec: str = ".3f") -> str:

@@ -345,6 +345,11 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     noise = seed_spread(results)
     L.append(f"\nSeed-to-seed spread of held-out perplexity (largest over the repeated arms): {_f(noise)}. "
              "Differences smaller than this are not distinguishable from noise here.\n")
+    changed = [(arm_id(r["arm"], r["seed"]), r["greedy_changed_by_later_passes"]) for r in results
+               if r.get("greedy_changed_by_later_passes") is not None]
+    if changed:
+        L.append("Share of held-out positions where passes 2..K change the greedy token (the output's argmax against "
+                 "pass 1's): " + ", ".join(f"{a} {x:.2%}" for a, x in changed) + ".\n")
     total_wall = sum((r["train"].get("wall_s") or 0) + (r.get("eval_wall_s") or 0) for r in results)
     L.append(f"Total compute of the stored results: {total_wall / 60:.1f} min (training + evaluation, this "
              "2-core CPU machine).\n")
