@@ -65,6 +65,17 @@ def test_rerun_trains_nothing_and_a_deleted_arm_retrains_to_the_same_figures(stu
     assert after["difficulty"] == before["difficulty"] and after["heldout"] == before["heldout"]
 
 
+def test_a_changed_configuration_retrains_instead_of_reusing_the_old_run(study):
+    """A finished run folder of another configuration is moved aside, not reused under the new fingerprint."""
+    before = json.loads((study / "results" / "vanilla-s1234.json").read_text())
+    proc = _study(study, "--set", "base.optim.weight_decay=0.05", "--set", "study.only=[vanilla]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained under another configuration; moved to" in proc.stdout and "== training vanilla-s1234" in proc.stdout
+    after = json.loads((study / "results" / "vanilla-s1234.json").read_text())
+    assert after["fingerprint"] != before["fingerprint"] and after["heldout"] != before["heldout"]
+    assert len(list((study / "runs").glob("vanilla-s1234.stale-*"))) == 1
+
+
 def _res(arm, seed, accs, exits=None, mode=None, passes=4, rho=None):
     exits = exits or [passes] * len(accs)
     levels = [{"difficulty": h + 1, "tokens": 100, "accuracy": a, "mean_nll": 1.0, "mean_exit": e}

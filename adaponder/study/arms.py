@@ -49,10 +49,15 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) 
     """Train (or continue training) one arm in a ``launch/pretrain.py`` subprocess; returns its run folder.
     Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions."""
     run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
     config_file = run_dir / "arm.yaml"
-    config_file.write_text(yaml.safe_dump(cfg.train_raw(arm, seed, str(data_dir), str(run_dir)), sort_keys=False),
-                           encoding="utf-8")
+    wanted = cfg.train_raw(arm, seed, str(data_dir), str(run_dir))
+    if config_file.is_file() and yaml.safe_load(config_file.read_text(encoding="utf-8")) != wanted:
+        # Trained (or begun) under another configuration: neither reuse nor resume it; keep it aside.
+        stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(stale)
+        log(f"== {arm_id(arm, seed)}: the run folder was trained under another configuration; moved to {stale}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(wanted, sort_keys=False), encoding="utf-8")
     wall_file = run_dir / "study_wall.json"
     wall = json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else 0.0
     if (run_dir / "hf" / "config.json").is_file() and _finished(run_dir):
