@@ -61,22 +61,34 @@ def verdict(g: Mapping[int, float], noise: float) -> str:
     return f"no change beyond the seed spread ({first:+.2f} → {last:+.2f}, spread {floor:.2f})"
 
 
-def trend_png(table: Mapping[str, Mapping[int, float]], path: Path, note: str) -> Path:
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+def trend_png(table: Mapping[str, Mapping[int, float]], path: Path, note: str, noise: float = float("nan")) -> Path:
+    """Left: perplexity vs training tokens per arm. Right: each arm's gain over the one-pass control per budget,
+    with the seed spread as a band around zero (a gain inside it is noise)."""
+    fig, (ax, gx) = plt.subplots(1, 2, figsize=(10.4, 4.6))
     for i, (arm, pts) in enumerate(sorted(table.items())):
         xs = sorted(pts)
-        ax.plot([x / 1e6 for x in xs], [pts[x] for x in xs], marker="o", color=plt.get_cmap("tab10")(i % 10),
+        color = plt.get_cmap("tab10")(i % 10)
+        ax.plot([x / 1e6 for x in xs], [pts[x] for x in xs], marker="o", color=color,
                 ls="--" if arm == CONTROL else "-", label=arm)
-        ax.annotate(f"{pts[xs[-1]]:.1f}", (xs[-1] / 1e6, pts[xs[-1]]), textcoords="offset points", xytext=(6, 0),
-                    fontsize=7, va="center")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("training tokens (millions, log scale)")
+        g = gains(table, arm) if arm != CONTROL else {}
+        if g:
+            gx.plot([b / 1e6 for b in g], list(g.values()), marker="o", color=color, label=arm)
+            for b, v in g.items():
+                gx.annotate(f"{v:+.2f}", (b / 1e6, v), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    for a in (ax, gx):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("training tokens (millions, log scale)")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
     ax.set_ylabel("held-out perplexity")
-    ax.set_title("Perplexity vs training tokens (same data order, seed and schedule shape)", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_title("Perplexity vs training tokens", fontsize=11)
+    gx.axhline(0, color="gray", lw=0.8)
+    if math.isfinite(noise):
+        gx.axhspan(-noise, noise, color="gray", alpha=0.15, label="seed spread")
+    gx.set_ylabel(f"ppl({CONTROL}) − ppl(arm)  (> 0: the passes pay)")
+    gx.set_title(f"Gain over {CONTROL} (band: seed spread)", fontsize=11)
     fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.08, 0.97, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -114,7 +126,7 @@ def section(results: Sequence[Mapping], compare: Sequence[str], seed: int, noise
              if math.isfinite(noise) else "")
     for arm in sorted(a for a in table if a != CONTROL and gains(table, a)):
         L.append(f"- {arm}: the gain over {CONTROL} {verdict(gains(table, arm), noise)}.")
-    L.append(f"\n![Perplexity vs training tokens]({rel(trend_png(table, figs / 'token_trend.png', note))})\n")
+    L.append(f"\n![Perplexity vs training tokens]({rel(trend_png(table, figs / 'token_trend.png', note, noise))})\n")
     return L
 
 
