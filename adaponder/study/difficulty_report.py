@@ -65,22 +65,26 @@ def check_goals(results: Sequence[Mapping]) -> list[dict[str, str]]:
     """The reasoning study's acceptance and goals against the numbers; rows: goal, numbers, verdict."""
     arms = _by_arm(results)
     noise = accuracy_spread(results)
-    margin = noise if math.isfinite(noise) else 0.0
     noise_txt = f"seed spread {noise:.3f}" if math.isfinite(noise) else "no repeated seed"
     rows = []
     van = mean_accuracy(arms["vanilla"]) if "vanilla" in arms else None
     looped = [a for a, runs in arms.items() if runs[0].get("mode") in LOOPED and runs[0].get("passes", 1) > 1]
     if van and looped:
-        best = max(((a, h, mean_accuracy(arms[a])[h] - van[h]) for a in looped for h in van), key=lambda t: t[2])
-        a, h, gap = best
-        ok = gap >= SEPARATION and gap - margin >= SEPARATION
+        # Beyond the seed spread: the arm's worst seed against vanilla's best seed at that level.
+        def worst_gap(a: str, h: int) -> float:
+            return min(_levels(r)[h] for r in arms[a]) - max(_levels(r)[h] for r in arms["vanilla"])
+
+        a, h = max(((a, h) for a in looped for h in van), key=lambda t: worst_gap(*t))
+        gap = worst_gap(a, h)
         deep = mean_accuracy(arms["vanilla-deep"])[h] if "vanilla-deep" in arms else None
         rows.append({"goal": f"the arms separate: a looped arm beats same-parameter vanilla by ≥ {SEPARATION * 100:.0f} points "
-                             "at some difficulty, beyond the seed spread",
-                     "numbers": f"largest gap: {a} at H={h}: {mean_accuracy(arms[a])[h]:.3f} vs vanilla {van[h]:.3f} "
-                                f"(+{gap:.3f}; {noise_txt})"
+                             "at some difficulty, beyond the seed spread (its worst seed against vanilla's best)",
+                     "numbers": f"largest: {a} at H={h}: worst of {len(arms[a])} seed(s) "
+                                f"{min(_levels(r)[h] for r in arms[a]):.3f} vs vanilla's best "
+                                f"{max(_levels(r)[h] for r in arms['vanilla']):.3f} (+{gap:.3f}; largest spread of any "
+                                f"arm: {noise_txt})"
                                 + (f"; vanilla-deep (depth reference) {deep:.3f}" if deep is not None else ""),
-                     "verdict": "holds" if ok else "does not hold"})
+                     "verdict": "holds" if gap >= SEPARATION else "does not hold"})
     if van and "ponderlm" in arms:
         pl = mean_accuracy(arms["ponderlm"])
         hard = sorted(pl)[-2:]
