@@ -183,35 +183,41 @@ def accuracy_png(results: Sequence[Mapping], path: Path, note: str) -> Path:
     ax.set_ylabel("held-out answer accuracy (greedy)")
     ax.set_title("Where the passes pay: accuracy on held-out compositions", fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path)
 
 
 def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
-    """Mean exit pass of answer tokens vs difficulty for each gated run; filler and prompt tokens apart."""
-    gated = [r for r in results if r.get("mode") == "adaponder"]
+    """Mean exit pass of answer tokens vs difficulty for each gated arm (mean over seeds; bars: seed range), and
+    the mean exit pass of prompt and filler tokens apart on the right."""
+    gated = _by_arm([r for r in results if r.get("mode") == "adaponder"])
     if not gated:
         return None
-    fig, ax = plt.subplots(figsize=(7.6, 4.8))
-    hs = sorted(_levels(gated[0]))
+    fig, ax = plt.subplots(figsize=(9.4, 4.8))
+    first = next(iter(gated.values()))[0]
+    hs = sorted(_levels(first))
     apart = {"prompt": max(hs) + 1.2, "filler": max(hs) + 2.0}
-    for i, r in enumerate(gated):
-        d = r["difficulty"]
-        ax.plot(hs, [lv["mean_exit"] for lv in d["levels"]], marker="o", color=_color(i),
-                label=arm_id(r["arm"], r["seed"]))
-        for name, x in apart.items():
-            ax.scatter([x], [d["classes"][name]["mean_exit"]], marker="s", color=_color(i), zorder=3)
+    for i, (arm, runs) in enumerate(gated.items()):
+        ys = [[run["difficulty"]["levels"][j]["mean_exit"] for run in runs] for j in range(len(hs))]
+        mid = [mean(y) for y in ys]
+        ax.errorbar(hs, mid, yerr=[[m - min(y) for m, y in zip(mid, ys)], [max(y) - m for m, y in zip(mid, ys)]],
+                    marker="o", capsize=3, color=_color(i), label=f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        for k, (name, x) in enumerate(apart.items()):
+            vals = [run["difficulty"]["classes"][name]["mean_exit"] for run in runs]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                ax.scatter([x + (i - len(gated) / 2) * 0.06], [mean(vals)], marker="s", color=_color(i), zorder=3)
     ax.plot(hs, hs, ":", color="gray", label="ideal: exit at pass H")
     ax.axvline(max(hs) + 0.6, color="gray", lw=0.8)
     ax.set_xticks(hs + list(apart.values()))
     ax.set_xticklabels([f"H={h}" for h in hs] + list(apart))
-    K = max(r.get("passes", 4) for r in gated)
+    K = max(runs[0].get("passes", 4) for runs in gated.values())
     ax.set_ylim(0.8, K + 0.2)
-    ax.set_ylabel("mean exit pass")
+    ax.set_ylabel("mean exit pass (mean over seeds)")
     ax.set_title("Passes spent by difficulty (answers) and on unpredictable tokens (right)", fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
     return _save(fig, path)
 
@@ -222,6 +228,7 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
     shown = [r for r in results if r.get("difficulty")]
     if not shown:
         return []
+    note = note.split(" Checkpoints:")[0] + " Checkpoints: <runs_dir>/<arm>-s<seed>/hf."
     hs = [lv["difficulty"] for lv in shown[0]["difficulty"]["levels"]]
     head = " | ".join(f"H={h}" for h in hs)
     L = ["## Accuracy by difficulty\n",
