@@ -1,4 +1,4 @@
-"""lm-eval scoring throughput with halting on vs off, side by side in one run (issue 16, build 2).
+"""lm-eval scoring throughput with halting on vs off, side by side in one run.
 
 One checkpoint scores the same local lm-eval tasks (``eval/tasks``, data under ``ADAPONDER_EVAL_DATA``) through
 the ``adaponder`` lm-eval model (what ``adaponder-eval`` runs) twice:

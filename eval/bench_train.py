@@ -1,4 +1,4 @@
-"""Training-step benchmark: AdaPonder vs PonderLM mode vs the naive PonderLM-style reference (issue 8).
+"""Training-step benchmark: AdaPonder vs PonderLM mode vs the naive PonderLM-style reference.
 
 At Pythia-70M shape (random weights, seq 512 by default) it measures, side by side in one run, the
 time, tokens/s and peak memory of a full training step (forward, backward, AdamW step) for

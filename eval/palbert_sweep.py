@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reproduce issue 7's acceptance 3–4 on CPU: PALBERT-mode fine-tunes on SST-2 and RTE over several seeds.
+"""PALBERT-mode fine-tunes on SST-2 and RTE over several seeds.
 
 For each task and seed it runs :func:`adaponder.palbert.finetune.run_finetune` (what
 ``launch/finetune_glue.py`` runs) and then summarises across seeds:

@@ -1,4 +1,4 @@
-"""Depth-wise continuous batching for decoding: every row of the batch at its own pass (issue 16; A6–A8, A15).
+"""Depth-wise continuous batching for decoding: every row of the batch at its own pass (A6–A8, A15).
 
 The cached ``forward`` decodes a batch in lockstep: one token per row per step, K passes per step, each pass
 computing the rows still active in it. The weights (layers, and W_out, W_E for the pondering product A4) are

@@ -159,6 +159,25 @@ def _color(i: int) -> str:
     return plt.get_cmap("tab10")(i % 10)
 
 
+def _seeds_label(arm: str, runs: Sequence) -> str:
+    return f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+
+
+def _seed_errorbar(ax, xs: Sequence[int], per_x: Sequence[Sequence[float]], **kw) -> None:
+    """The mean over seeds at each x, with the seed range as the error bar."""
+    mid = [mean(v) for v in per_x]
+    ax.errorbar(xs, mid, yerr=[[m - min(v) for m, v in zip(mid, per_x)], [max(v) - m for m, v in zip(mid, per_x)]],
+                marker="o", capsize=3, **kw)
+
+
+def _finish(fig, ax, path: Path, note: str) -> Path:
+    """Grid, the legend outside the axes, the data note, and the PNG."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
+    return _save(fig, path)
+
+
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
@@ -172,20 +191,14 @@ def accuracy_png(results: Sequence[Mapping], path: Path, note: str) -> Path:
     fig, ax = plt.subplots(figsize=(7.6, 4.8))
     for i, (arm, runs) in enumerate(_by_arm(results).items()):
         hs = sorted(_levels(runs[0]))
-        acc = [[_levels(r)[h] for r in runs] for h in hs]
-        mid = [mean(a) for a in acc]
-        err = [[m - min(a) for m, a in zip(mid, acc)], [max(a) - m for m, a in zip(mid, acc)]]
-        ax.errorbar(hs, mid, yerr=err, marker="o", capsize=3, color=_color(i), ls="--" if arm.startswith("vanilla")
-                    else "-", label=f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        _seed_errorbar(ax, hs, [[_levels(r)[h] for r in runs] for h in hs], color=_color(i),
+                       ls="--" if arm.startswith("vanilla") else "-", label=_seeds_label(arm, runs))
     ax.set_xticks(sorted({h for r in results for h in _levels(r)}))
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("difficulty H (hops of f composed)")
     ax.set_ylabel("held-out answer accuracy (greedy)")
     ax.set_title("Where the passes pay: accuracy on held-out compositions", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path)
+    return _finish(fig, ax, path, note)
 
 
 def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
@@ -199,10 +212,8 @@ def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
     hs = sorted(_levels(first))
     apart = {"prompt": max(hs) + 1.2, "filler": max(hs) + 2.0}
     for i, (arm, runs) in enumerate(gated.items()):
-        ys = [[run["difficulty"]["levels"][j]["mean_exit"] for run in runs] for j in range(len(hs))]
-        mid = [mean(y) for y in ys]
-        ax.errorbar(hs, mid, yerr=[[m - min(y) for m, y in zip(mid, ys)], [max(y) - m for m, y in zip(mid, ys)]],
-                    marker="o", capsize=3, color=_color(i), label=f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        _seed_errorbar(ax, hs, [[run["difficulty"]["levels"][j]["mean_exit"] for run in runs] for j in range(len(hs))],
+                       color=_color(i), label=_seeds_label(arm, runs))
         for k, (name, x) in enumerate(apart.items()):
             vals = [run["difficulty"]["classes"][name]["mean_exit"] for run in runs]
             vals = [v for v in vals if v is not None]
@@ -216,10 +227,7 @@ def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
     ax.set_ylim(0.8, K + 0.2)
     ax.set_ylabel("mean exit pass (mean over seeds)")
     ax.set_title("Passes spent by difficulty (answers) and on unpredictable tokens (right)", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path)
+    return _finish(fig, ax, path, note)
 
 
 # -- Markdown ----------------------------------------------------------------------------------------------
