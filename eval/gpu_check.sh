@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check (issue 8): on a CUDA machine, measure bf16 training MFU at the Pythia-70M and -410M shapes
+# GPU check: on a CUDA machine, measure bf16 training MFU at the Pythia-70M and -410M shapes
 # and decode tokens/s, and append the figures (with date and hardware) to docs/benchmarks.md.
+# GPU_CHECK_OUT=DIR keeps the raw tables and JSON there (default: a temporary folder).
 #
 #   TORCH_SPEC="torch==2.13.0" bash scripts/setup.sh   # a CUDA build of torch
 #   bash eval/gpu_check.sh                              # ~5 min on one H100/H200
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 PY="${ADAPONDER_VENV:-.venv}/bin/python"
 [ -x "$PY" ] || PY=python3
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: this script measures GPU figures')"
-out=$(mktemp -d)
+out="${GPU_CHECK_OUT:-$(mktemp -d)}"; mkdir -p "$out"
 hw=$("$PY" -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}')")
 "$PY" eval/bench_train.py --device cuda --dtypes bf16 --size 70m --seq 2048 --batches 8 --memory-batch 0 \
   --variants naive,hf-1pass,ponderlm,adaponder --steps 5 --json "$out/train70m.json" | tee "$out/train70m.txt"
