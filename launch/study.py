@@ -6,6 +6,7 @@ and write the report (docs/study.md + PNGs).
     python launch/study.py --config configs/study/cpu.yaml --corpus ../shared/data/corpus/gutenberg
     python launch/study.py --config configs/study/cpu.yaml --profile quick        # bundled corpus, minutes
     python launch/study.py --config configs/study/cpu.yaml --report-only          # tables/plots from stored results
+    python launch/study.py --config configs/study/cpu.yaml --report-only --refresh-training  # curves re-read from runs/
 
 Resumable: every finished arm is stored as one JSON in the results folder and never retrained; an interrupted
 arm continues from its last checkpoint (--resume auto). Exit codes: 0 done, 2 configuration error, 1 a run failed.
@@ -29,6 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a study-file value, e.g. base.train.tokens=8192 (repeatable)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
+    p.add_argument("--refresh-training", action="store_true",
+                   help="re-read the training summaries (curves, gate statistics) of finished arms from their run "
+                        "folders into the stored results; nothing is retrained or re-evaluated")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -39,10 +43,11 @@ def main(argv=None) -> int:
     except StudyConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report-only"]
+    flags = ("--report-only", "--refresh-training")
+    shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in flags]
     command = "python launch/study.py " + " ".join(shlex.quote(a) for a in shown)
     try:
-        run_study(cfg, command, only_report=args.report_only)
+        run_study(cfg, command, only_report=args.report_only, refresh=args.refresh_training)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -65,8 +65,16 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     assert "The paper's claims at this scale" in report and "python launch/study.py" in report
     assert 0 <= results["adaponder-warm-s1234"]["greedy_changed_by_later_passes"] <= 1
     assert "vanilla-s1234" not in report.split("change the greedy token")[1].split("\n")[0]  # pondering arms only
-    for png in ("pareto.png", "training_curves.png", "exit_histograms.png", "nll_by_exit_pass.png"):
+    for png in ("pareto.png", "training_curves.png", "exit_histograms.png", "nll_by_exit_pass.png", "gate_curves.png"):
         assert (tmp / "results" / png).stat().st_size > 10_000
+    # gate statistics travel from the run's metrics into the result and the report; ungated arms carry none
+    warm = results["adaponder-warm-s1234"]["train"]["curve"]
+    assert any(c.get("gate_warmup") == "bypassed" for c in warm)
+    paper = [c for c in results["adaponder-paper-s1234"]["train"]["curve"] if c.get("gate_median")]
+    assert paper and all(len(c["gate_median"]) == 3 and len(c["gate_halt_share"]) == 3 for c in paper)
+    assert not any("gate_median" in c or "active_fraction" in c for c in results["vanilla-s1234"]["train"]["curve"])
+    gates = report.split("## Gates during training")[1]
+    assert "| adaponder-paper | 1234 | none |" in gates and "vanilla" not in gates.split("![")[0]
 
 
 def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
@@ -86,6 +94,22 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     after = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
     assert after["heldout"] == before["heldout"]
     assert [c["lm_loss"] for c in after["train"]["curve"]] == [c["lm_loss"] for c in before["train"]["curve"]]
+
+
+def test_refresh_training_rereads_curves_without_training(study):
+    """A result stored before its summary held gate statistics gets them back from the run folder: nothing is
+    trained or evaluated, and the evaluation figures are untouched."""
+    tmp, _ = study
+    path = tmp / "results" / "adaponder-paper-s1234.json"
+    stored = json.loads(path.read_text())
+    stripped = [{k: v for k, v in c.items() if not k.startswith("gate_")} for c in stored["train"]["curve"]]
+    path.write_text(json.dumps({**stored, "train": {**stored["train"], "curve": stripped}}))
+    proc = _study(tmp, "--report-only", "--refresh-training")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "adaponder-paper-s1234: training summary re-read" in proc.stdout and "== training" not in proc.stdout
+    after = json.loads(path.read_text())
+    assert after["train"]["curve"] == stored["train"]["curve"] and after["heldout"] == stored["heldout"]
+    assert after["train"]["wall_s"] == stored["train"]["wall_s"]
 
 
 def test_trained_tokenizer_is_used_from_prepare_to_lm_eval(study, shared_data):

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .arms import arm_id, load_result, run_arm
+from .arms import arm_id, load_result, refresh_training, run_arm
 from .config import StudyConfig, StudyConfigError, load_study_config
 
 
@@ -46,12 +46,16 @@ def data_summary(data_dir: Path) -> dict:
             "vocab_size": meta["vocab_size"], "task": meta.get("task")}
 
 
-def run_study(cfg: StudyConfig, command: str, only_report: bool = False, log=print) -> Path:
-    """Run every (arm, seed) not finished yet, then write the report. Returns the report's path."""
+def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh: bool = False, log=print) -> Path:
+    """Run every (arm, seed) not finished yet, then write the report. Returns the report's path. ``refresh``
+    first re-reads the training summary of every finished arm whose run folder is still there."""
     from .report import write_report
 
     data_dir = prepare_data(cfg, log)
     runs = cfg.arm_runs()
+    if refresh:
+        for arm, seed in runs:
+            refresh_training(cfg, arm, seed, log)
     results = []
     for i, (arm, seed) in enumerate(runs, 1):
         log(f"== [{i}/{len(runs)}] {arm_id(arm, seed)}")

@@ -87,6 +87,13 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+_GATE_KEYS = ("gate_median", "gate_halt_share", "active_fraction", "tau", "gate_warmup")
+
+
+def _gated_record(r: dict) -> bool:
+    return r.get("gate_median") is not None or r.get("gate_warmup") is not None
+
+
 def training_summary(run_dir: Path) -> dict[str, Any]:
     """Training curve (per logged step), throughput and wall time from the run's ``metrics.jsonl``."""
     records = _metrics(run_dir)
@@ -94,7 +101,10 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     # A resumed run may log a step twice; keep the last record of each step.
     by_step = {r["step"]: r for r in train}
     curve = [{"step": s, "tokens": r.get("tokens"), "lm_loss": r.get("lm_loss"), "loss": r.get("loss"),
-              "mean_exit_pass": r.get("mean_exit_pass"), "lr": r.get("lr")} for s, r in sorted(by_step.items())]
+              "mean_exit_pass": r.get("mean_exit_pass"), "lr": r.get("lr"),
+              # gated runs: per-gate median and halt share, per-pass active share (the collapse watch's inputs)
+              **({k: r[k] for k in _GATE_KEYS if r.get(k) is not None} if _gated_record(r) else {})}
+             for s, r in sorted(by_step.items())]
     tps = [r["tokens_per_s"] for r in by_step.values() if r.get("tokens_per_s")]
     wall_file = run_dir / "study_wall.json"
     return {
@@ -105,6 +115,22 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
         "wall_s": json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else float("nan"),
         "final_train_lm_loss": curve[-1]["lm_loss"] if curve else float("nan"),
     }
+
+
+def refresh_training(cfg: StudyConfig, arm: str, seed: int, log=print) -> bool:
+    """Re-read a finished arm's training summary from its run folder into its stored result (no training, no
+    evaluation): for results stored before the summary carried something it carries now. False when the result
+    or the run folder's metrics are missing."""
+    res = load_result(cfg, arm, seed)
+    run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
+    if res is None or not (run_dir / "metrics.jsonl").is_file():
+        return False
+    fresh = json_safe(training_summary(run_dir))
+    if not math.isfinite(fresh.get("wall_s") or float("nan")):
+        fresh["wall_s"] = res["train"].get("wall_s")
+    write_json_atomic(result_path(cfg, arm, seed), {**res, "train": fresh})
+    log(f"== {arm_id(arm, seed)}: training summary re-read from {run_dir / 'metrics.jsonl'}")
+    return True
 
 
 # -- evaluation ---------------------------------------------------------------------------------------------
@@ -191,4 +217,5 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) ->
     return result
 
 
-__all__ = ["arm_id", "evaluate_arm", "load_result", "result_path", "run_arm", "train_arm", "training_summary"]
+__all__ = ["arm_id", "evaluate_arm", "load_result", "refresh_training", "result_path", "run_arm", "train_arm",
+           "training_summary"]

@@ -398,6 +398,9 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     for key, caption in (("nll", "NLL by exit pass"), ("hist", "Exit histograms"), ("curves", "Training curves")):
         if plots[key]:
             L.append(f"![{caption}]({rel(plots[key])})\n")
+    from . import gate_report
+
+    L += gate_report.section(results, figs, rel, data_note)
     analysis = figs / "analysis.md"
     if analysis.is_file():
         L.append(analysis.read_text(encoding="utf-8").rstrip() + "\n")
