@@ -97,7 +97,7 @@ TASKS = ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"]
 @pytest.fixture(scope="module")
 def glue_saved(tmp_path_factory):
     """Every task's TSVs as an official-schema DatasetDict saved to disk (<root>/<task>)."""
-    from adaponder.data.glue_datasets import tsv_to_dataset
+    from adaponder.palbert.glue_datasets import tsv_to_dataset
 
     if not (SHARED_DATA / "glue").is_dir():
         pytest.skip(f"GLUE TSVs not found at {SHARED_DATA / 'glue'}")
@@ -120,7 +120,7 @@ def _content(examples, float32=False):
 def test_glue_through_datasets_gives_the_tsv_examples(task, glue_saved, shared_data):
     import datasets
 
-    from adaponder.data.glue_datasets import SCHEMA, load_glue_dataset_split, load_glue_examples
+    from adaponder.palbert.glue_datasets import SCHEMA, load_glue_dataset_split, load_glue_examples
     from adaponder.palbert.glue import load_glue_split
 
     saved = datasets.load_from_disk(str(glue_saved / task))
@@ -143,7 +143,7 @@ def test_glue_through_datasets_gives_the_tsv_examples(task, glue_saved, shared_d
 def test_glue_dataset_errors(glue_saved, tmp_path, monkeypatch):
     import datasets
 
-    from adaponder.data.glue_datasets import GlueDatasetError, load_glue_dataset_split, load_glue_examples
+    from adaponder.palbert.glue_datasets import GlueDatasetError, load_glue_dataset_split, load_glue_examples
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(GlueDatasetError, match="from dataset 'adaponder-test/no-glue'.*HF_DATASETS_OFFLINE"):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from adaponder.evaluation.accounting import exit_histogram, flops_summary
+from adaponder.evaluation.accounting import flops_summary
+from adaponder.modeling.exits import exit_histogram
 from adaponder.evaluation.dial import parse_taus, sweep_tau
 from adaponder.evaluation.halting import nll_by_exit_pass
 from adaponder.evaluation.perplexity import Document, TokenScores

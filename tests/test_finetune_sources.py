@@ -26,7 +26,7 @@ def setup(tmp_path_factory):
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    from adaponder.data.glue_datasets import tsv_to_dataset
+    from adaponder.palbert.glue_datasets import tsv_to_dataset
 
     if not (SHARED_DATA / "glue").is_dir():
         pytest.skip(f"GLUE TSVs not found at {SHARED_DATA / 'glue'}")
@@ -74,7 +74,7 @@ def _same_run(a: dict, b: dict) -> None:
 
 
 def test_glue_through_datasets_gives_the_tsv_examples_and_the_same_result(setup, reference):
-    from adaponder.data.glue_datasets import load_glue_examples
+    from adaponder.palbert.glue_datasets import load_glue_examples
 
     for split in ("train", "dev"):
         tsv = load_glue_examples("rte", split, glue_dir=setup["glue"])

@@ -16,23 +16,6 @@ ONE_PASS_BASELINE = ("FLOPs baseline: \"× one pass\" = FLOPs per token / (one b
                      "at the same context, what a vanilla model of this shape spends per token), not all K passes")
 
 
-def exit_counts(exit_pass: torch.Tensor, K: int) -> torch.Tensor:
-    """Token counts per exit pass 1..K: an int64 tensor ``[K]`` on ``exit_pass``'s device (no host sync).
-
-    ``exit_pass``: an integer tensor of any shape with values in 1..K (unchecked; see :func:`exit_histogram`).
-    The one exit-pass histogram of the package: training statistics, validation, evaluation and lm-eval
-    accounting all count with it."""
-    return torch.bincount(exit_pass.reshape(-1).long() - 1, minlength=K)[:K]
-
-
-def exit_histogram(exit_pass, K: int) -> list[int]:
-    """Token counts per exit pass 1..K (``exit_pass``: any array-like of ints in 1..K, checked)."""
-    arr = np.asarray(exit_pass, dtype=np.int64).reshape(-1)
-    if arr.size and (arr.min() < 1 or arr.max() > K):
-        raise ValueError(f"exit passes must lie in 1..{K}; got {arr.min()}..{arr.max()}")
-    return exit_counts(torch.from_numpy(arr), K).tolist()
-
-
 def flops_summary(model, exit_pass, context: float | None = None) -> dict[str, float]:
     """FLOPs per token from realised exit passes (``model.flops_per_token``, A17) plus the one-pass reference.
 
@@ -53,4 +36,4 @@ def flops_summary(model, exit_pass, context: float | None = None) -> dict[str, f
     return {k: float(v) for k, v in out.items()}
 
 
-__all__ = ["ONE_PASS_BASELINE", "exit_counts", "exit_histogram", "flops_summary"]
+__all__ = ["ONE_PASS_BASELINE", "flops_summary"]

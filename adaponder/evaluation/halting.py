@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from adaponder.cli.errors import cli_main
+from adaponder.modeling.exits import exit_histogram
 
-from .accounting import exit_histogram
 from .perplexity import TokenScores
 from .token_dump import token_texts, write_token_dump
 

@@ -42,8 +42,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
+from adaponder.modeling.exits import exit_counts
 
-from .accounting import ONE_PASS_BASELINE, exit_counts, flops_summary
+from .accounting import ONE_PASS_BASELINE, flops_summary
 from .pruning import make_policy
 from .settings import apply_recurrence, check_exit_rule, settings_of
 

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 
 from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
 from adaponder.data.errors import EmptyInputError, VocabRangeError
+from adaponder.modeling.exits import exit_histogram
 
-from .accounting import ONE_PASS_BASELINE, exit_histogram, flops_summary
+from .accounting import ONE_PASS_BASELINE, flops_summary
 from .settings import EXIT_RULES
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".text", ".md", ".gz")

@@ -91,7 +91,7 @@ class DataSection:
     """Tokenisation: ``text_a + sep + text_b + suffix``, truncated to ``max_length`` (B8: 128).
     ``sep``/``suffix`` are token strings (special tokens by name; empty = none). ``tokenizer: null`` is the
     bundled Pythia tokenizer. ``hf_dataset``: read GLUE through Hugging Face ``datasets`` (a dataset name such as
-    ``nyu-mll/glue`` at ``hf_revision``, or a ``save_to_disk`` folder; :mod:`adaponder.data.glue_datasets`)
+    ``nyu-mll/glue`` at ``hf_revision``, or a ``save_to_disk`` folder; :mod:`adaponder.palbert.glue_datasets`)
     instead of the TSV folder (``--data-dir`` / ``$ADAPONDER_GLUE_DIR``); the examples are the same."""
 
     max_length: Annotated[Int, Field(ge=4)] = 128

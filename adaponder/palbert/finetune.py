@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from adaponder.core_modes import classifier_core_mode
-from adaponder.data.glue_datasets import load_glue_examples
+from adaponder.palbert.glue_datasets import load_glue_examples
 from adaponder.hub import HubError, describe, is_hub_id, resolve_pretrained
 from adaponder.palbert.classifier import (
     AdaPonderForSequenceClassification,

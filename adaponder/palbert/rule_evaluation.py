@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from adaponder.evaluation.accounting import exit_counts
+from adaponder.modeling.exits import exit_counts
 from adaponder.palbert.classifier import (
     AdaPonderForSequenceClassification,
     PalbertOutput,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from adaponder.evaluation.accounting import exit_counts
+from adaponder.modeling.exits import exit_counts
 
 # Layout of the per-step statistics vector (summed over micro-batches and ranks by one all-reduce).
 # STOP: ranks stopping (a signal, or a launcher gone); GONE: ranks whose launcher process is gone.

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from adaponder.evaluation.accounting import exit_counts
+from adaponder.modeling.exits import exit_counts
 
 #: The FLOPs baseline of the training reports, printed with their numbers. (The evaluation reports,
 #: :mod:`adaponder.evaluation`, state FLOPs as "× one pass" instead.)

@@ -718,8 +718,8 @@ class Trainer:
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
     """Set up, train, export; returns the process exit code. Errors the user can fix print one clear message."""
-    from adaponder.cli.errors import debug_requested
     from adaponder.data.errors import DataError
+    from adaponder.errors import debug_requested
     from adaponder.modeling import AdaPonderConfigError
 
     trainer = Trainer(cfg, resume)
@@ -734,7 +734,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
             M.write_console(str(stop))
         return stop.exit_code
     except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
-        if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.cli.errors)
+        if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
         if rank == 0:

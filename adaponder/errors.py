@@ -1,0 +1,90 @@
+"""What counts as a user error, and how it reads on one line.
+
+An exception of one of the project's user-error types — a bad configuration, data, checkpoint or argument, a
+path that does not exist, token ids the model cannot embed — is something the user can fix; any other exception
+is a bug. The command-line wrapper (:func:`adaponder.cli.errors.cli_main`) prints the first kind as one
+``error:`` line and keeps the traceback of the second; the library raises and classifies, and prints nothing.
+``--debug`` (handled by the wrapper) or ``ADAPONDER_DEBUG=1`` keeps the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+# (module, class) of the project's user errors. Looked up in sys.modules only: a class whose module was never
+# imported cannot have been raised, so classifying an error imports nothing (no torch/DeepSpeed start-up).
+_PROJECT_ERRORS = (
+    ("adaponder.typed_config", "ConfigError"),  # training, fine-tuning and study configurations
+    ("adaponder.modeling.configuration_adaponder", "AdaPonderConfigError"),
+    ("adaponder.modeling.modeling_adaponder", "TokenIdError"),  # ids outside the vocabulary, empty input
+    ("adaponder.data.errors", "DataError"),
+    ("adaponder.palbert.glue_datasets", "GlueDatasetError"),
+    ("adaponder.palbert.glue", "GlueDataError"),
+    ("adaponder.hub", "HubError"),
+    ("adaponder.train.checkpoint", "CheckpointError"),
+    ("adaponder.train.export", "ExportError"),
+)
+# OS errors about a path the user named; their message names the path.
+_PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+_debug = False  # set by debug_tracebacks() for the duration of a command that got --debug
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot work (a missing checkpoint folder, a window beyond the context)."""
+
+
+@contextlib.contextmanager
+def debug_tracebacks(on: bool) -> Iterator[None]:
+    """Within the block, user errors keep their traceback when ``on`` (nested blocks never switch it off)."""
+    global _debug
+    saved, _debug = _debug, _debug or on
+    try:
+        yield
+    finally:
+        _debug = saved
+
+
+def debug_requested() -> bool:
+    """Whether user errors should keep their traceback (``--debug`` or ``ADAPONDER_DEBUG=1``)."""
+    return _debug or os.environ.get("ADAPONDER_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` is something the user can fix (see the module doc), as opposed to a bug."""
+    if isinstance(err, (UsageError, *_PATH_ERRORS)):
+        return True
+    for module, name in _PROJECT_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(err, cls):
+            return True
+    return False
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: a list such as a configuration error's ``N problem(s) in X:\\n  - a\\n  - b``
+    becomes ``N problem(s) in X: a; b``."""
+    lines = [ln.strip().removeprefix("- ").strip() for ln in message.splitlines()]
+    lines = [ln for ln in lines if ln]
+    out = lines[0] if lines else ""
+    for ln in lines[1:]:
+        out += (" " if out.endswith(":") else "; ") + ln
+    return out
+
+
+def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint") -> Path:
+    """``path`` as a Path if it is a Hugging Face checkpoint folder (holds ``config.json``), else
+    :class:`UsageError` naming it — rather than transformers' hub error for a name that is not a repo id."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{label} {path}: no such folder (expected a checkpoint folder with config.json)")
+    if not (p / "config.json").is_file():
+        raise UsageError(f"{label} {path}: not a checkpoint folder (no config.json in it)")
+    return p
+
+
+__all__ = ["UsageError", "debug_requested", "debug_tracebacks", "is_user_error", "one_line", "require_checkpoint"]
