@@ -59,11 +59,4 @@ def find_config(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def launch_script(name: str) -> Path | None:
-    """``launch/<name>.py`` of the checkout, else of the wheel."""
-    folder = resource_dir("launch")
-    path = folder / f"{name}.py" if folder is not None else None
-    return path if path is not None and path.is_file() else None
-
-
-__all__ = ["RESOURCES", "repo_root", "resource_dir", "task_dir", "configs_dir", "find_config", "launch_script"]
+__all__ = ["RESOURCES", "repo_root", "resource_dir", "task_dir", "configs_dir", "find_config"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from adaponder.train import metrics as M
-from adaponder.train.checkpoint import CheckpointError, resolve_resume, rng_state, set_rng_state, validate
+from adaponder.train.checkpoint import CheckpointError, find_resume, rng_state, set_rng_state, validate
 from adaponder.train.config import LoggingConfig
 from adaponder.train.report import text_histogram, write_report
 
@@ -96,15 +96,15 @@ def test_rng_state_round_trip():
 
 
 def test_resume_target_errors(tmp_path):
-    assert resolve_resume("auto", tmp_path / "none") is None  # nothing to resume: a fresh start
+    assert find_resume("auto", tmp_path / "none")[0] is None  # nothing to resume: a fresh start
     with pytest.raises(CheckpointError, match="no such checkpoint"):
-        resolve_resume(str(tmp_path / "missing"), tmp_path)
+        find_resume(str(tmp_path / "missing"), tmp_path)[0]
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "latest").write_text("step00000009")
     with pytest.raises(CheckpointError, match="does not exist"):
-        resolve_resume("auto", tmp_path / "ck")
+        find_resume("auto", tmp_path / "ck")[0]
     (tmp_path / "ck" / "step00000009").mkdir()
-    tag = resolve_resume("auto", tmp_path / "ck")
+    tag = find_resume("auto", tmp_path / "ck")[0]
     with pytest.raises(CheckpointError, match="trainer_state.json is missing"):
         validate(tag, {})
     (tag / "trainer_state.json").write_text("{not json")

@@ -189,10 +189,6 @@ class IndexedDataset:
     def __len__(self) -> int:
         return self.sequence_count
 
-    def token_offset(self, i: int) -> int:
-        """Position of sequence ``i``'s first token in the token stream of .bin (``i == len`` → the end)."""
-        return self.total_tokens if i >= self.sequence_count else int(self.sequence_pointers[i]) // self.dtype.itemsize
-
     def __getitem__(self, i: int) -> np.ndarray:
         i = int(i)
         if not 0 <= i < self.sequence_count:

@@ -291,10 +291,6 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         forward once registered (``adaponder.train.distributed.create_engine``)."""
         return [] if self.config.mode == "loop" else self.core.external_parameters()
 
-    @property
-    def num_exits(self) -> int:
-        return self.config.palbert_passes
-
     # -- pieces of a pass ------------------------------------------------------------------------
     def _pool(self, h_flat: Tensor, batch: int, length: int, last: Tensor) -> Tensor:
         """B1: final-LN hidden state of each row's last real token (then the optional tanh pooler)."""

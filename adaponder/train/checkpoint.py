@@ -315,13 +315,6 @@ def has_checkpoint(ckpt_dir: Path) -> bool:
     return read_latest(ckpt_dir) is not None or bool(list_tags(ckpt_dir))
 
 
-def resolve_resume(resume: str | None, ckpt_dir: Path, notify: Callable[[str], None] | None = None) -> Path | None:
-    """The tag folder to resume from: ``None`` (fresh start), ``"auto"`` (the newest intact checkpoint in
-    ``ckpt_dir``, or a fresh start if there is none), or a path to a checkpoint folder or a tag folder.
-    See :func:`find_resume`; collective when a process group exists."""
-    return find_resume(resume, ckpt_dir, notify)[0]
-
-
 def resolve_checkpoint(path: str | Path) -> Path:
     """The tag folder of ``path`` (a checkpoint folder, whose ``latest`` names it, or a tag folder) for tools that
     read a checkpoint (export); errors name the path, not ``--resume``. Nothing is verified here."""
@@ -568,7 +561,7 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
     return work
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "resolve_resume", "find_resume",
+__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "find_resume",
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",

@@ -7,7 +7,6 @@ validation (``"kind": "eval"``) and per notable event (``"kind": "event"``: skip
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -246,10 +245,6 @@ def _init_wandb(out_dir: Path, cfg, run_config: dict[str, Any], resuming: bool):
     if run is not None and getattr(run, "id", None):
         id_file.write_text(run.id)
     return run
-
-
-def is_finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 __all__ = ["stats_vector", "add_micro_batch", "summarize", "Throughput", "MetricsSink", "train_line",
