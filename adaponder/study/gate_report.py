@@ -45,7 +45,8 @@ def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path |
         return None
     ncols = min(4, len(shown))
     nrows = math.ceil(len(shown) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.5 * nrows + 0.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(3.3 * ncols, 8.0), 2.5 * nrows + 0.9), sharey=True,
+                             squeeze=False)
     for ax in axes.flat[len(shown):]:
         ax.set_visible(False)
     for ax, r in zip(axes.flat, shown):
@@ -77,7 +78,8 @@ def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path |
                 labels.append(lab)
     top = 1 - 0.62 / fig.get_figheight()  # room for the title and the legend row, in figure coordinates
     fig.suptitle("Gates during training: median gate value per gate (log scale)", fontsize=10, y=0.995)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 5), fontsize=8, frameon=False,
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 3 if ncols < 3 else 5), fontsize=8,
+               frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()))
     fig.text(0.01, 0.005, note, fontsize=6, ha="left", va="bottom", wrap=True)
     path = Path(path)
