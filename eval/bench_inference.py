@@ -1,4 +1,4 @@
-"""Inference benchmark: does halting pay in wall-clock at every batch size? (issues 5 and 16; A15–A17)
+"""Inference benchmark: does halting pay in wall-clock at every batch size? (A15–A17)
 
 At a Pythia shape (random weights; CPU by default), with the gates calibrated so that 0 %, 25 % and 50 % of
 token-passes are skipped, it measures side by side in one run, for every batch size and dtype:

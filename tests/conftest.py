@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ADAPONDER_SHARED_DATA", REPO.parent / "shared" / "data"))
-# No data location has a default outside the checkout (issue 15): the tests point the variables at ../shared/data.
+# No data location has a default outside the checkout: the tests point the variables at ../shared/data.
 for _var, _sub in (("ADAPONDER_EVAL_DATA", "eval"), ("ADAPONDER_GLUE_DIR", "glue")):
     if (SHARED_DATA / _sub).is_dir():
         os.environ.setdefault(_var, str(SHARED_DATA / _sub))

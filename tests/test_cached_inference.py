@@ -1,4 +1,4 @@
-"""Cached inference with KV reuse (issue 5): A15–A18.
+"""Cached inference with KV reuse: A15–A18.
 
 Teacher-forced cached decoding must reproduce the training-mode forward (A18) — logits and exit passes —
 for tokens that halt early at various passes; prefill with compaction (A16) must equal it too; greedy

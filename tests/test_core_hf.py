@@ -1,4 +1,4 @@
-"""HF integration (issue 2, acceptance 5–7): save/load with trust_remote_code in a process without
+"""HF integration: save/load with trust_remote_code in a process without
 adaponder, loading GPT-NeoX checkpoints into each mode, config validation, accounting (A17)."""
 
 import json

@@ -1,4 +1,4 @@
-"""The recurrent core (issue 2): parity with HF GPT-NeoX, PonderLM reference, gates, loop, losses.
+"""The recurrent core: parity with HF GPT-NeoX, PonderLM reference, gates, loop, losses.
 
 Equations: docs/method.md (part a), A1–A12.
 """

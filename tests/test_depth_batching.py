@@ -1,4 +1,4 @@
-"""Depth-wise continuous batching (issue 16): every row at its own pass, the same tokens as decoding alone.
+"""Depth-wise continuous batching: every row at its own pass, the same tokens as decoding alone.
 
 Rows of a batch halt at different passes; the decoder lets a halted row start its next token while others
 ponder. Each row's greedy tokens and exit passes must equal those of the cached ``forward`` decoding that row

@@ -1,4 +1,4 @@
-"""User errors of ``launch/finetune_glue.py`` (issue 14, item 6; issue 15): a missing TSV, a row without a tab or
+"""User errors of ``launch/finetune_glue.py``: a missing TSV, a row without a tab or
 with the wrong number of columns, an unknown label, a model name that cannot be resolved, and GLUE given twice or
 not at all each end in ONE line naming what is wrong (file and line for a TSV), exit code 2, no traceback — unless
 ``--debug`` (the shared wrapper of :mod:`adaponder.cli.errors`).

@@ -1,4 +1,4 @@
-"""Where fine-tuning reads its inputs from (issue 15): GLUE through Hugging Face ``datasets`` (``--hf-dataset``, a
+"""Where fine-tuning reads its inputs from: GLUE through Hugging Face ``datasets`` (``--hf-dataset``, a
 ``save_to_disk`` copy of the TSVs) gives the TSV loader's examples and the same fine-tuning result with the same
 seed (acceptance 2); ``--init`` takes a hub id with a revision, resolved offline through a Hugging Face cache, and
 gives the same result as the local folder it is a snapshot of.

@@ -1,4 +1,4 @@
-"""lm-eval's HFLM runs a generate_until task with the model and its PonderCache (issue 5, acceptance 3)."""
+"""lm-eval's HFLM runs a generate_until task with the model and its PonderCache."""
 
 import json
 

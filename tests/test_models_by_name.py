@@ -1,4 +1,4 @@
-"""Models by name (issue 15, item 3): ``init.backbone`` takes a local folder or a hub id + ``init.revision``
+"""Models by name: ``init.backbone`` takes a local folder or a hub id + ``init.revision``
 resolved through the Hugging Face cache; the ``configs/pythia*-continue.yaml`` presets start continued
 pretraining (gates-only stage, then joint) from a tiny GPT-NeoX saved by the test.
 """

@@ -1,4 +1,4 @@
-"""The training step never waits on the device inside the model (acceptance 4 of issue 16).
+"""The training step never waits on the device inside the model.
 
 A host synchronisation — ``.item()``, ``bool()``/``int()`` of a tensor, ``.tolist()``/``.cpu()``, or an op whose
 output shape depends on tensor values (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``,

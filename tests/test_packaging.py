@@ -1,4 +1,4 @@
-"""``pip install .`` (non-editable) gives working command lines (issue 15, item 5): a wheel built from a copy of the
+"""``pip install .`` (non-editable) gives working command lines: a wheel built from a copy of the
 repository, installed without dependencies into a fresh virtual environment (which sees the project's installed
 dependencies through a .pth file, so nothing is downloaded), runs — from an empty folder, offline —
 ``adaponder-prepare --bundled``, a 2-step ``adaponder-pretrain`` from a shipped preset, and the local lm-eval tasks

@@ -1,4 +1,4 @@
-"""PALBERT mode (issue 7), recipe level: configs, launch/finetune_glue.py smoke runs, results JSON/table.
+"""PALBERT mode, recipe level: configs, launch/finetune_glue.py smoke runs, results JSON/table.
 
 The smoke runs use ``--init tiny-random`` with a small loop-mode core on tiny GLUE subsets from
 ../shared/data/glue; they check that the pipeline completes and reports every exit rule, not accuracy

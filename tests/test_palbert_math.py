@@ -1,4 +1,4 @@
-"""PALBERT mode, model-independent parts (docs/method.md section (b), B3–B9; issue 7).
+"""PALBERT mode, model-independent parts (docs/method.md section (b), B3–B9).
 
 Acceptance: p sums to 1 (B4); KL by hand, both directions (B6); Q-exit hand cases (B9); sampled exits
 follow p (chi-square); PABEE patience; online == offline for every exit rule; metrics equal

@@ -1,4 +1,4 @@
-"""PALBERT mode (issue 7), model level: AdaPonderForSequenceClassification on the recurrent core.
+"""PALBERT mode, model level: AdaPonderForSequenceClassification on the recurrent core.
 
 docs/method.md (b): pooling (B1), shared head (B2), Lambda layer (B3), exit distribution and loss (B4–B7),
 exit rules with passes after the exit never computed (B9). The math of pondernet.py is covered by

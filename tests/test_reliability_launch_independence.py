@@ -1,4 +1,4 @@
-"""Issue 14 (8, 9): numbers that must not depend on how a run is launched or resumed.
+"""Numbers that must not depend on how a run is launched or resumed.
 
 * a 2-rank ZeRO-1 checkpoint resumes on 1 rank, and a 1-rank one on 2 ranks: the same samples in the same
   micro-batches, and losses within fp32 tolerance of the uninterrupted run (the loader's position is one global

@@ -1,4 +1,4 @@
-"""Issue 14 (7): what killed tools leave on disk, and an export error that spoke of ``--resume``.
+"""What killed tools leave on disk, and an export error that spoke of ``--resume``.
 
 * a killed ``adaponder-prepare`` leaves ``.NAME.tmp-<pid>-<hex>`` (as large as the token stream): the next run
   for the same output removes it (and a replaced output not yet deleted, ``.NAME.old-<hex>``), but not the

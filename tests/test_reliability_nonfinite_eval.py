@@ -1,4 +1,4 @@
-"""Issue 14: a non-finite final validation loss fails the run (exit 3, a clear message, no HF export).
+"""A non-finite final validation loss fails the run (exit 3, a clear message, no HF export).
 
 The debug fault injection (``debug.nonfinite_steps``) only reaches training losses (and the guarded step
 skips those), so the launcher runs in a fresh process whose ``Trainer.evaluate`` reports a NaN loss.

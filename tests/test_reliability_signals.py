@@ -1,4 +1,4 @@
-"""Issue 14 (3, 7): a SIGTERM to the ``deepspeed`` runner alone (a scheduler that signals only the process it
+"""A SIGTERM to the ``deepspeed`` runner alone (a scheduler that signals only the process it
 started) used to kill the runner and leave the ranks training on, orphaned, without the checkpoint-on-signal.
 Now each rank watches the launcher processes above it: they all checkpoint together and exit 143, and the
 run continues with ``--resume auto``. The stop message is printed once.
