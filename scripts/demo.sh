@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM=false DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 
 if [ ! -f data/bundled/meta.json ]; then
   echo "== preparing the bundled corpus into data/bundled"
-  "$PY" -m adaponder.data.prepare --bundled -o data/bundled -j 2 --no-progress
+  "$PY" -m adaponder.cli.prepare --bundled -o data/bundled -j 2 --no-progress
 fi
 
 train() {  # $1 = output folder, then extra arguments

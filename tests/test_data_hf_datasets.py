@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SHARED_DATA
 
-from adaponder.data.prepare import main as prepare_main
+from adaponder.cli.prepare import main as prepare_main
 from adaponder.data.prepare import prepare
 
 TEXTS = {

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import adaponder.data.prepare as prep_mod
+from adaponder.cli.prepare import main
 from adaponder.data import bundled_corpus_dir, bundled_corpus_files
 from adaponder.data.errors import DataError
-from adaponder.data.prepare import main, prepare
+from adaponder.data.prepare import prepare
 from adaponder.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,6 +225,6 @@ def test_cli_prints_tokens_per_second(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_module_entry_point_help() -> None:
-    res = subprocess.run([sys.executable, "-m", "adaponder.data.prepare", "--help"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "adaponder.cli.prepare", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--text-field" in res.stdout and "--bundled" in res.stdout

@@ -93,7 +93,7 @@ def test_a_labelled_corpus_trains_and_evaluates_through_the_ordinary_commands(co
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     hf = tmp_path / "run" / "hf"
     assert json.loads((hf / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"
-    proc = subprocess.run([sys.executable, "-m", "adaponder.evaluation.difficulty", str(hf), "--data", str(corpus),
+    proc = subprocess.run([sys.executable, "-m", "adaponder.cli.difficulty", str(hf), "--data", str(corpus),
                            "--json", str(tmp_path / "d.json")], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| difficulty | answers | accuracy |" in proc.stdout and "Spearman" in proc.stdout

@@ -1,5 +1,5 @@
 """lm-eval two ways on a saved checkpoint (issue 6, acceptance 1): unmodified ``lm_eval --model hf`` with
-``trust_remote_code`` and ``adaponder-eval`` (``python -m adaponder.evaluation.cli``, the registered
+``trust_remote_code`` and ``adaponder-eval`` (``python -m adaponder.cli.lm_eval``, the registered
 ``adaponder`` model) give identical metrics; the ``adaponder`` model pins K, τ and the exit rule and reports the
 realised compute."""
 
@@ -87,7 +87,7 @@ def test_lm_eval_hf_cli_and_adaponder_eval_cli_agree(tmp_path_factory, tmp_path,
     ckpt = tiny_checkpoint(tmp_path_factory)
     _, hf = _cli(["lm_eval", "--model", "hf", "--model_args", f"pretrained={ckpt},trust_remote_code=True",
                   "--include_path", str(REPO / "eval" / "tasks")], tmp_path, "hf")
-    stdout, ap = _cli(["adaponder.evaluation.cli", str(ckpt)], tmp_path, "ap")
+    stdout, ap = _cli(["adaponder.cli.lm_eval", str(ckpt)], tmp_path, "ap")
     for key in ("acc,none", "perplexity,none"):
         assert hf["results"][TASK][key] == ap["results"][TASK][key], key
     assert "halting threshold τ: 0.5" in stdout and "mean exit pass" in stdout and "x one pass" in stdout
@@ -95,7 +95,7 @@ def test_lm_eval_hf_cli_and_adaponder_eval_cli_agree(tmp_path_factory, tmp_path,
 
 
 def test_cli_argument_building():
-    from adaponder.evaluation.cli import build_argv
+    from adaponder.cli.lm_eval import build_argv
 
     argv = build_argv(["CKPT", "--tasks", "t", "--model_args", "tau=0.1"])
     assert argv[:3] == ["run", "--model", "adaponder"]

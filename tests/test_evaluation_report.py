@@ -16,7 +16,7 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening. He lit the 
 def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
     if not (SHARED_DATA / "eval" / "lambada_openai").is_dir():
         pytest.skip("eval data not found")
-    from adaponder.evaluation.report import main
+    from adaponder.cli.report import main
 
     ckpt = tiny_checkpoint(tmp_path_factory)
     data = tmp_path / "heldout.txt"
@@ -61,7 +61,8 @@ def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
 
 
 def test_help_states_the_report_defaults():
-    from adaponder.evaluation.report import DEFAULT_MAX_TOKENS, build_parser
+    from adaponder.cli.report import build_parser
+    from adaponder.evaluation.report import DEFAULT_MAX_TOKENS
 
     helps = {a.dest: a.help for a in build_parser()._actions}  # reading the parser, not editing it
     assert helps["max_tokens"] == f"cap on scored tokens per --data entry (default {DEFAULT_MAX_TOKENS}; 0 = all)"

@@ -49,24 +49,24 @@ def test_no_code_resolves_a_location_outside_the_checkout():
 
 def test_eval_tasks_without_their_folder_say_which_variable_to_set(tmp_path):
     # adaponder-eval (lm-eval's CLI) on a local task, with lm-eval's dummy model: the task's data is read first.
-    code, out = _run("-m", "adaponder.evaluation.cli", "--model", "dummy", "--tasks", "adaponder_piqa", "--limit", "1",
+    code, out = _run("-m", "adaponder.cli.lm_eval", "--model", "dummy", "--tasks", "adaponder_piqa", "--limit", "1",
                      cwd=tmp_path)
     assert code != 0 and "no data folder for the AdaPonder eval tasks: set $ADAPONDER_EVAL_DATA=/path" in out
 
 
 def test_report_without_data_says_which_flag_or_variable_to_set(tmp_path):
-    code, out = _run("-m", "adaponder.evaluation.report", str(tmp_path / "ckpt"), "--out", str(tmp_path / "r"),
+    code, out = _run("-m", "adaponder.cli.report", str(tmp_path / "ckpt"), "--out", str(tmp_path / "r"),
                      cwd=tmp_path)
     assert code != 0 and "no held-out data: pass --data FILE/FOLDER" in out and "$ADAPONDER_HELDOUT_DATA" in out
-    code, out = _run("-m", "adaponder.evaluation.report", str(tmp_path / "ckpt"), "--out", str(tmp_path / "r"),
+    code, out = _run("-m", "adaponder.cli.report", str(tmp_path / "ckpt"), "--out", str(tmp_path / "r"),
                      "--data", str(tmp_path), cwd=tmp_path)
     assert code != 0 and "set ADAPONDER_EVAL_DATA=/path" in out and "--no-lm-eval" in out
-    code, out = _run("-m", "adaponder.evaluation.perplexity", str(tmp_path / "ckpt"), cwd=tmp_path)
+    code, out = _run("-m", "adaponder.cli.perplexity", str(tmp_path / "ckpt"), cwd=tmp_path)
     assert code == 2 and "--data" in out
 
 
 def test_prepare_and_pretrain_need_explicit_data(tmp_path):
-    code, out = _run("-m", "adaponder.data.prepare", "-o", str(tmp_path / "o"), cwd=tmp_path)
+    code, out = _run("-m", "adaponder.cli.prepare", "-o", str(tmp_path / "o"), cwd=tmp_path)
     assert code == 2 and "give at least one INPUT, --bundled or --hf-dataset NAME" in out
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: {size: tiny}\ntrain: {steps: 1, grad_accum: 1}\n")

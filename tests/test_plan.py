@@ -20,6 +20,7 @@ import torch
 
 from conftest import REPO, tiny_config
 
+from adaponder.cli.plan import main
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.train import plan as P
 from adaponder.train.config import TrainConfigError, config_from_dict
@@ -186,12 +187,12 @@ def test_zero_stages_partition_the_states():
 
 
 def test_planner_cli_for_a_shipped_config(capsys):
-    assert P.main(["--config", str(REPO / "configs" / "pythia410m.yaml"), "--gpus", "8", "--gpu", "h100-80gb"]) == 0
+    assert main(["--config", str(REPO / "configs" / "pythia410m.yaml"), "--gpus", "8", "--gpu", "h100-80gb"]) == 0
     out = capsys.readouterr().out
     for text in ("8 × NVIDIA H100 SXM 80GB", "ZeRO-1", "largest micro-batch that fits", "days to the token budget",
                  "per-pass checkpointing", "pondering"):
         assert text in out
-    assert P.main(["--config", str(REPO / "configs" / "pythia410m-continue.yaml"), "--gpus", "8", "--json",
+    assert main(["--config", str(REPO / "configs" / "pythia410m-continue.yaml"), "--gpus", "8", "--json",
                    "--gpu-mem-gb", "94", "--gpu-tflops", "500", "--set", "train.micro_batch=4"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["micro_batch"] == 4 and plan["peak_flops"] == 500e12 and plan["params"]["gates"] > 0

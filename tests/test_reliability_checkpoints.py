@@ -3,7 +3,7 @@
 * every file of a checkpoint has its SHA-256 in the manifest; ``--resume auto`` skips a damaged newest
   checkpoint (one line names it and the one used), an explicit ``--resume PATH`` to it and the export exit 2;
 * a ``.pt`` whose unpickling would run code is refused (before DeepSpeed or ``zero_to_fp32`` unpickle it) by
-  resume and export, and ``python -m adaponder.train.report`` never runs the modeling code saved in a folder;
+  resume and export, and ``adaponder-train-report`` never runs the modeling code saved in a folder;
 * ``launch/export_hf.py`` refuses a non-empty output folder unless ``--overwrite``, and writes atomically.
 
 One tiny training run (ZeRO-1, 6 steps, checkpoints at 2, 4, 6) is shared; each test works on a copy.
@@ -228,7 +228,7 @@ def test_deepspeed_checkpoint_types_are_allowed(trained):
 
 
 def test_report_never_runs_the_modeling_code_saved_with_a_model(trained, data, tmp_path, capsys, one_thread):
-    from adaponder.train.report import main as report_main
+    from adaponder.cli.train_report import main as report_main
 
     run, _ = trained
     code, out = _export(capsys, run / "checkpoints", tmp_path / "hf")

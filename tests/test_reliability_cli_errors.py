@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from adaponder.cli import lm_eval as eval_cli
+from adaponder.cli import perplexity
+from adaponder.cli import prepare as prepare_cli
 from adaponder.cli.errors import UsageError, cli_main, is_user_error, one_line
 from adaponder.data import errors as data_errors
-from adaponder.data import prepare as prepare_cli
 from adaponder.data.loader import PackedLoader
-from adaponder.evaluation import cli as eval_cli
-from adaponder.evaluation import perplexity
 from adaponder.modeling.modeling_adaponder import TokenIdError
 from helpers_evaluation import tiny_model, tiny_tokenizer
 from helpers_train import LauncherWorker, tiny_train_config, write_config

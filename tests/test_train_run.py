@@ -106,7 +106,7 @@ def test_exported_checkpoint_loads_with_auto_classes_and_matches_engine_val_loss
 def test_training_validation_equals_adaponder_perplexity_on_the_same_windows(resumed_runs, data, tmp_path):
     """One definition of validation perplexity: the trainer's final validation and ``adaponder-perplexity
     --packing stream`` on the exported model score the same tokens in the same windows and agree."""
-    from adaponder.evaluation.perplexity import main as perplexity_main
+    from adaponder.cli.perplexity import main as perplexity_main
 
     tmp, _ = resumed_runs
     engine_eval = read_metrics(tmp / "a", "eval")[-1]

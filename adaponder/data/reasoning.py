@@ -28,19 +28,14 @@ split, ``{split}.labels.npy`` (int8, aligned with the split's token stream), rea
 * ``-1`` — prompt (hop marker, query symbol): chosen at random, unpredictable;
 * ``-2`` — filler: random, unpredictable.
 
-Command line::
-
-    python -m adaponder.data.reasoning OUT_DIR [--symbols 256 --max-hops 4 --train-docs 20000 --seed 0]
+Command line: ``adaponder-reasoning-data`` (:mod:`adaponder.cli.reasoning_data`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -274,28 +269,5 @@ def read_token_labels(data_dir: str | os.PathLike[str], split: str = "val") -> l
     return [labels[int(a):int(b) - 1] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    defaults = MultiHopSpec()
-    p = argparse.ArgumentParser(prog="python -m adaponder.data.reasoning", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dir")
-    for name, value in asdict(defaults).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    p.add_argument("--overwrite", action="store_true")
-    args = vars(p.parse_args(argv))
-    out, overwrite = args.pop("out_dir"), args.pop("overwrite")
-    try:
-        meta = write_multihop(out, MultiHopSpec(**args), overwrite=overwrite)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}: {meta['splits']['train']['documents']} train / {meta['splits']['val']['documents']} val "
-          f"documents of {args['doc_tokens']} tokens, vocabulary {meta['vocab_size']}")
-    return 0
-
-
 __all__ = ["CLASS_NAMES", "FILLER", "MultiHopSpec", "PROMPT", "STRUCTURE", "TASKS", "Vocabulary",
            "generate_split", "has_token_labels", "held_out_symbols", "permutation", "read_token_labels", "write_multihop"]
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,8 @@
 """Evaluation of AdaPonder checkpoints: lm-eval, perplexity / bits per byte, halting analysis,
 iso-FLOPs fixed-pruning controls, the τ compute dial, plots and a Markdown report.
 
-Modules (each usable on its own; ``python -m adaponder.evaluation.<module> --help``):
+Modules (each usable on its own; the commands over them, ``adaponder-eval``, ``adaponder-perplexity``, ... are
+in :mod:`adaponder.cli`):
 
 * :mod:`~adaponder.evaluation.settings` — load a checkpoint with pinned recurrence settings (K, τ, exit rule).
 * :mod:`~adaponder.evaluation.perplexity` — sliding-window token NLL, perplexity and bits per byte.
@@ -11,7 +12,6 @@ Modules (each usable on its own; ``python -m adaponder.evaluation.<module> --hel
 * :mod:`~adaponder.evaluation.dial` — τ sweep: perplexity vs realised FLOPs.
 * :mod:`~adaponder.evaluation.plots` — PNG figures (matplotlib, Agg).
 * :mod:`~adaponder.evaluation.lm_eval_model` — the ``adaponder`` lm-eval model (imports lm-eval; not loaded here).
-* :mod:`~adaponder.evaluation.cli` — ``adaponder-eval``: lm-eval's CLI with the ``adaponder`` model registered.
 * :mod:`~adaponder.evaluation.report` — ``adaponder-report``: everything above in one ``report.md``.
 
 Names are imported lazily so that ``import adaponder.evaluation`` stays cheap (no lm-eval, no matplotlib).

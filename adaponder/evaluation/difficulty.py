@@ -13,24 +13,17 @@ prompt, filler). Reported:
 
 The exit pass of a token is that of the position predicting it (A8): for an answer, the ``=`` before it.
 
-Command line::
-
-    python -m adaponder.evaluation.difficulty CKPT --data PREPARED_DIR [--split val] [--json out.json]
+Command line: ``adaponder-difficulty`` (:mod:`adaponder.cli.difficulty`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from adaponder.cli.errors import cli_main
 
 from .perplexity import TokenScores
 
@@ -144,31 +137,4 @@ def format_tables(res: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    from .settings import load_for_eval
-
-    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.difficulty", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="an exported model folder (hf/ of a run)")
-    p.add_argument("--data", required=True, help="a labelled corpus folder (python -m adaponder.data.reasoning)")
-    p.add_argument("--split", default="val")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--halting-threshold", type=float, default=None, help="τ of A6 (default: the checkpoint's)")
-    p.add_argument("--json", default=None, help="also write the result as JSON here")
-    args = p.parse_args(argv)
-    model, tok = load_for_eval(args.checkpoint, halting_threshold=args.halting_threshold)
-    res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size)
-    print(format_tables(res))
-    if args.json:
-        from adaponder.jsonio import json_safe, write_json_atomic
-
-        write_json_atomic(Path(args.json), json_safe(res))
-        print(f"written: {args.json}")
-    return 0
-
-
 __all__ = ["CLASSES", "by_difficulty", "difficulty_by_tau", "evaluate_difficulty", "format_tables", "spearman", "token_labels"]
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,26 +7,17 @@
 * :func:`nll_by_exit_pass` — mean NLL (and perplexity) of the tokens of each exit pass: if the gates spend
   compute on hard tokens, tokens that ran more passes have higher NLL.
 
-Command line (scores the data with the learned policy, then writes the dump and prints the tables)::
-
-    python -m adaponder.evaluation.halting CKPT --data FILE... --dump tokens.tsv [--plots DIR]
+Command line: ``adaponder-halting`` (:mod:`adaponder.cli.halting`).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from adaponder.cli.errors import cli_main
-from adaponder.modeling.exits import exit_histogram
-
 from .perplexity import TokenScores
-from .token_dump import token_texts, write_token_dump
+from .token_dump import token_texts
 
 
 def nll_by_exit_pass(scores: TokenScores) -> list[dict]:
@@ -76,42 +67,4 @@ def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
              "mean_nll": float(scores.nll[sel][scores.token[sel] == ids[i]].mean())} for i in top]
 
 
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    from . import plots
-    from .perplexity import _Codec, add_data_args, add_recurrence_args, documents_from_args, score_documents
-    from .settings import load_for_eval, settings_of
-
-    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.halting", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    add_data_args(p)
-    add_recurrence_args(p)
-    p.add_argument("--dump", default="tokens.tsv", help="per-token dump (.tsv or .jsonl)")
-    p.add_argument("--plots", default=None, help="folder for exit_histogram.png and nll_by_exit_pass.png")
-    args = p.parse_args(argv)
-    if args.exit_rule != "learned":
-        p.error("the halting analysis describes the learned policy; use --exit-rule learned")
-    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    print(settings_of(model, args.checkpoint).banner())
-    codec = _Codec(tok)
-    docs = documents_from_args(args, tok)
-    scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
-                             pad_id=codec.pad_id, progress=True)
-    write_token_dump(scores, tok, args.dump, docs)
-    print(f"per-token dump: {args.dump} ({len(scores)} tokens)")
-    print("| exit pass | tokens | fraction | mean NLL | perplexity |\n|---:|---:|---:|---:|---:|")
-    for r in nll_by_exit_pass(scores):
-        print(f"| {r['exit_pass']} | {r['tokens']} | {r['fraction']:.4f} | {r['mean_nll']:.4f} | {r['ppl']:.2f} |")
-    if args.plots:
-        out = Path(args.plots)
-        plots.exit_histogram_png(exit_histogram(scores.exit_pass, scores.passes), out / "exit_histogram.png")
-        plots.nll_by_exit_png(nll_by_exit_pass(scores), out / "nll_by_exit_pass.png")
-        print(f"plots: {out}")
-    return 0
-
-
 __all__ = ["greedy_changed_share", "hardest_tokens", "nll_by_exit_pass"]
-
-if __name__ == "__main__":
-    sys.exit(main())

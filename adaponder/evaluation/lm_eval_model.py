@@ -2,7 +2,7 @@
 compute of every scored token counted.
 
 Importing this module registers the model with lm-eval (``@register_model("adaponder")``). lm-eval's own
-CLI does not import it, so use ``adaponder-eval`` / ``python -m adaponder.evaluation.cli`` (lm-eval's CLI
+CLI does not import it, so use ``adaponder-eval`` / ``python -m adaponder.cli.lm_eval`` (lm-eval's CLI
 with this module imported first), or in Python::
 
     import adaponder.evaluation.lm_eval_model  # registers "adaponder"

@@ -19,20 +19,14 @@ of ``window + 1`` tokens that start every ``window`` tokens (no overlap, context
 With ``--window`` = the run's ``data.seq_len`` and ``--max-tokens`` = the tokens its validation scored, the
 perplexity equals the trainer's ``val_ppl`` (tests/test_train_run.py checks it).
 
-Command line::
-
-    python -m adaponder.evaluation.perplexity CKPT --data /path/to/wikitext-2/wiki.test.tokens \\
-        --window 512 --stride 256 --max-tokens 50000 [--halting-threshold 1e-4] [--dump tokens.tsv]
+Command line: ``adaponder-perplexity`` (:mod:`adaponder.cli.perplexity`).
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import math
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +35,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
 from adaponder.data.errors import EmptyInputError, VocabRangeError
+from adaponder.errors import UsageError
 from adaponder.modeling.exits import exit_histogram
 
-from .accounting import ONE_PASS_BASELINE, flops_summary
-from .settings import EXIT_RULES
+from .accounting import flops_summary
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".text", ".md", ".gz")
 LN2 = math.log(2.0)
@@ -374,43 +367,7 @@ def summarize_by_source(scores: TokenScores, docs: Sequence[Document], model=Non
     return out
 
 
-# -- command line --------------------------------------------------------------------------------------
-def add_recurrence_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("recurrence settings (pinned and printed)")
-    g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")
-    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
-                   help="τ of A6 (default: the checkpoint's)")
-    g.add_argument("--exit-rule", choices=EXIT_RULES, default="learned",
-                   help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
-    g.add_argument("--target-mean-exit", type=float, default=None,
-                   help="mean exit pass for fixed pruning (default: the learned policy's on the same data)")
-    g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning's random subsets")
-    g.add_argument("--dtype", default="float32")
-    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def add_data_args(p: argparse.ArgumentParser, required: bool = True, *, default_data: str | None = None,
-                  default_max_tokens: int | None = None) -> None:
-    """The held-out data options. ``default_data`` (with ``required=False``) and ``default_max_tokens`` only
-    describe, in the help, the defaults the caller applies when ``--data`` / ``--max-tokens`` are not given."""
-    g = p.add_argument_group("held-out data")
-    data_help = "text files/folders (one file = one document) or prepared data folders (val split)"
-    g.add_argument("--data", nargs="+", required=required,
-                   help=data_help + (f" (default: {default_data})" if default_data else ""))
-    g.add_argument("--split", default="val", help="split of prepared data folders")
-    g.add_argument("--packing", choices=PACKINGS, default="documents",
-                   help="documents: each document on its own, EOD as its first context (default); stream: a "
-                        "prepared split packed and cut like training-time validation (windows of --window, no "
-                        "overlap; --max-tokens caps the samples)")
-    g.add_argument("--window", type=int, default=None, help="window length (default: min(context, 1024))")
-    g.add_argument("--stride", type=int, default=None, help="window start step (default: window / 2)")
-    g.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: 2048 // window)")
-    g.add_argument("--max-tokens", type=int, default=None,
-                   help="cap on scored tokens per --data entry" + (
-                       f" (default {default_max_tokens}; 0 = all)" if default_max_tokens is not None else ""))
-    g.add_argument("--max-tokens-per-doc", type=int, default=None, help="cap on scored tokens per document")
-
-
+# -- several sources, tables, checks -------------------------------------------------------------------
 def load_all(data: Sequence[str], tokenizer, max_tokens=None, max_tokens_per_doc=None, split="val",
              packing="documents", window=None):
     """Documents of every ``--data`` entry, ``max_tokens`` applying to each entry separately."""
@@ -418,12 +375,6 @@ def load_all(data: Sequence[str], tokenizer, max_tokens=None, max_tokens_per_doc
     for src in data:
         docs += load_documents(src, tokenizer, max_tokens, max_tokens_per_doc, split, packing, window)
     return docs
-
-
-def documents_from_args(args: argparse.Namespace, tokenizer) -> list[Document]:
-    """The held-out documents named by :func:`add_data_args`' options."""
-    return load_all(args.data, tokenizer, args.max_tokens, args.max_tokens_per_doc, args.split,
-                    getattr(args, "packing", "documents"), args.window)
 
 
 def format_row(name: str, s: dict) -> str:
@@ -436,17 +387,6 @@ TABLE_HEADER = ("| data | tokens | perplexity | bits/byte | mean exit pass | MFL
                 "|---|---:|---:|---:|---:|---:|---:|")
 
 
-def check_window_args(args: argparse.Namespace, context: int) -> None:
-    """:class:`UsageError` for ``--window`` / ``--stride`` values that cannot work: a window below 1 or beyond the
-    checkpoint's ``context`` (``max_position_embeddings``), a stride outside ``[1, window]``."""
-    if args.window is not None and not 1 <= args.window <= context:
-        raise UsageError(f"--window {args.window}: expected 1 <= window <= the checkpoint's context "
-                         f"(max_position_embeddings {context})")
-    window = args.window or min(context, 1024)  # default_window's rule
-    if args.stride is not None and not 1 <= args.stride <= window:
-        raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
-
-
 def check_vocab(docs: Sequence[Document], vocab_size: int) -> None:
     """:class:`VocabRangeError` naming the document and id when the tokenizer yields ids the model cannot embed
     (a checkpoint whose tokenizer does not match its model, or damaged prepared data)."""
@@ -456,67 +396,3 @@ def check_vocab(docs: Sequence[Document], vocab_size: int) -> None:
             i = int(bad[0])
             raise VocabRangeError(f"{doc.name}: token {i} has id {int(doc.ids[i])}, outside the model's vocabulary "
                                   f"(size {vocab_size}); does the checkpoint's tokenizer match its model?")
-
-
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.modeling import AdaPonderConfig
-
-    from .pruning import make_policy
-    from .settings import load_for_eval, load_tokenizer_for, settings_of
-    from .token_dump import write_token_dump
-
-    p = argparse.ArgumentParser(prog="python -m adaponder.evaluation.perplexity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    add_data_args(p)
-    add_recurrence_args(p)
-    p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
-    p.add_argument("--json", default=None, help="write the summary as JSON here")
-    add_debug_help(p)
-    args = p.parse_args(argv)
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        args.max_tokens = None
-    # Arguments and data that cannot work fail here, in one line, before the weights are loaded.
-    require_checkpoint(args.checkpoint)
-    for src in args.data:
-        if not Path(src).exists():
-            raise UsageError(f"--data {src}: no such file or folder")
-    config = AdaPonderConfig.from_pretrained(args.checkpoint)
-    check_window_args(args, config.max_position_embeddings)
-    tok = load_tokenizer_for(args.checkpoint)
-    docs = documents_from_args(args, tok)
-    check_vocab(docs, config.vocab_size)
-
-    model, _ = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    codec = _Codec(tok)
-    kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
-              pad_id=codec.pad_id, progress=True)
-    target = args.target_mean_exit
-    if args.exit_rule != "learned" and target is None:
-        target = float(score_documents(model, docs, **kw).exit_pass.mean())
-        print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
-    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed)
-    print(settings.banner())
-    policy = make_policy(args.exit_rule, model.config.num_passes, target, args.seed)
-    scores = score_documents(model, docs, halting_policy=policy, **kw)
-    if scores.meta["packing"] == "stream":
-        print(f"  packed stream (training validation's windows): window {docs[0].packed_window}, no overlap")
-    else:
-        print(f"  window {scores.meta['window']}, stride {scores.meta['stride']}")
-    summary = summarize_by_source(scores, docs, model)
-    print(TABLE_HEADER)
-    for name, s in summary.items():
-        print(format_row(name, s))
-    print(ONE_PASS_BASELINE)
-    if args.dump:
-        write_token_dump(scores, tok, args.dump, docs)
-        print(f"per-token dump: {args.dump}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"settings": settings.as_dict(), "window": scores.meta,
-                                               "results": summary}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
 """The per-token dump of a scored held-out set: one row per token with its exit pass and NLL.
 
-Written by ``adaponder.evaluation.perplexity --dump``, ``adaponder.evaluation.halting`` and
-``adaponder-report``; read back with :func:`read_token_dump`. This module imports neither of those, so
-``perplexity`` and ``halting`` both import it without importing each other in a cycle.
+Written by ``adaponder-perplexity --dump``, ``adaponder-halting`` and ``adaponder-report``; read back with
+:func:`read_token_dump`. It imports :mod:`.perplexity` only for type checking, so no import cycle runs through it.
 """
 
 from __future__ import annotations

@@ -530,18 +530,18 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
     weights and Adam moments per parameter, independent of the number of ranks), written by rank 0 into
     ``work/<tag>``; returns ``work``, the folder to load with ``checkpoint.load_universal``. The input was
     verified (sizes, SHA-256, weights-only unpickling) before; the output exists only for this load."""
-    import argparse
     import contextlib
     import io
+    import types
 
     rank, _ = _dist_rank_world()
     error = None
     if rank == 0:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        args = argparse.Namespace(input_folder=str(tag_dir), output_folder=str(work / tag_dir.name),
-                                  num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
-                                  inject_missing_state=True)  # (no worker processes inside a training rank)
+        args = types.SimpleNamespace(input_folder=str(tag_dir), output_folder=str(work / tag_dir.name),
+                                     num_extract_workers=1, num_merge_workers=1,  # (no worker processes in a rank)
+                                     keep_temp_folder=False, strict=True, inject_missing_state=True)
         log = io.StringIO()
         try:
             from deepspeed.checkpoint import ds_to_universal

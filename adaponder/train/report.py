@@ -1,15 +1,13 @@
 """Validation loss/perplexity and the halting report (mean exit pass, exit-pass histogram, compute saved).
 
-``python -m adaponder.train.report --model HF_DIR --data PREPARED_DIR [--seq-len 256] [--out DIR]`` evaluates
-any exported model on the val split and writes ``report.md`` + ``exit_pass_hist.png``; the trainer writes the
-same report into its run folder at the end of training.
+``adaponder-train-report --model HF_DIR --data PREPARED_DIR [--seq-len 256] [--out DIR]``
+(:mod:`adaponder.cli.train_report`) evaluates any exported model on the val split and writes ``report.md`` +
+``exit_pass_hist.png``; the trainer writes the same report into its run folder at the end of training.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -143,42 +141,3 @@ def console_report(summary: dict[str, Any]) -> str:
                 if "flops_saved" in summary else ""),
              text_histogram(summary["exit_hist"])]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m adaponder.train.report",
-                                description="Evaluate an exported model on a prepared val split and write report.md")
-    p.add_argument("--model", required=True, help="Hugging Face folder (e.g. runs/demo/hf)")
-    p.add_argument("--data", required=True, help="prepared data folder")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--max-batches", type=int, default=None)
-    p.add_argument("--out", default=None, help="where to write report.md (default: the model folder)")
-    args = p.parse_args(argv)
-
-    from adaponder.data.errors import DataError
-    from adaponder.data.loader import iter_eval_batches
-    from adaponder.modeling import AdaPonderForCausalLM
-
-    # The installed adaponder classes, never the modeling code saved in the folder (no trust_remote_code).
-    try:
-        model = AdaPonderForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    except (OSError, ValueError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"error: {args.model}: cannot load it as an adaponder model ({reason})", file=sys.stderr)
-        return 2
-    try:
-        batches = iter_eval_batches(args.data, args.seq_len, args.micro_batch, vocab_size=model.config.vocab_size,
-                                    max_batches=args.max_batches)
-        summary = evaluate_model(model, batches)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    summary.update(compute_saved(model, summary["exit_hist"], args.seq_len))
-    write_report(args.out or args.model, summary, title=f"Report: {args.model}")
-    print(console_report(summary))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

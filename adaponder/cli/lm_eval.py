@@ -16,7 +16,7 @@ Examples::
     adaponder-eval runs/demo/hf --tasks adaponder_lambada_openai --limit 100 --batch_size 8
     adaponder-eval --model_args checkpoint=CKPT,halting_threshold=0.1,exit_rule=uniform \\
         --tasks adaponder_suite --num_fewshot 5 --output_path out/
-    python -m adaponder.evaluation.cli ...      # the same without the console script
+    python -m adaponder.cli.lm_eval ...      # the same without the console script
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
-    from .lm_eval_model import AdaPonderLM  # registers the "adaponder" model
+    from adaponder.evaluation.lm_eval_model import AdaPonderLM  # registers the "adaponder" model
 
     setup_logging()
     parser = HarnessCLI()

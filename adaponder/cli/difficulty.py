@@ -1,0 +1,46 @@
+"""``adaponder-difficulty``: accuracy, NLL and exit pass by difficulty (:mod:`adaponder.evaluation.difficulty`).
+
+Command line::
+
+    adaponder-difficulty CKPT --data PREPARED_DIR [--split val] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from adaponder.cli.doc import description
+from adaponder.cli.errors import cli_main
+from adaponder.evaluation import difficulty
+from adaponder.evaluation.difficulty import evaluate_difficulty, format_tables
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    from adaponder.evaluation.settings import load_for_eval
+
+    p = argparse.ArgumentParser(prog="adaponder-difficulty", description=description(difficulty.__doc__, __doc__),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="an exported model folder (hf/ of a run)")
+    p.add_argument("--data", required=True, help="a labelled corpus folder (adaponder-reasoning-data)")
+    p.add_argument("--split", default="val")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--halting-threshold", type=float, default=None, help="τ of A6 (default: the checkpoint's)")
+    p.add_argument("--json", default=None, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    model, tok = load_for_eval(args.checkpoint, halting_threshold=args.halting_threshold)
+    res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size)
+    print(format_tables(res))
+    if args.json:
+        from adaponder.jsonio import json_safe, write_json_atomic
+
+        write_json_atomic(Path(args.json), json_safe(res))
+        print(f"written: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

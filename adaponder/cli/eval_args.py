@@ -1,0 +1,68 @@
+"""Options shared by the evaluation commands (``adaponder-perplexity``, ``-halting``, ``-dial``, ``-report``) and
+the checks and documents they name."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from adaponder.errors import UsageError
+from adaponder.evaluation.perplexity import PACKINGS, Document, load_all
+from adaponder.evaluation.settings import EXIT_RULES
+
+
+def add_recurrence_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recurrence settings (pinned and printed)")
+    g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")
+    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
+                   help="τ of A6 (default: the checkpoint's)")
+    g.add_argument("--exit-rule", choices=EXIT_RULES, default="learned",
+                   help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
+    g.add_argument("--target-mean-exit", type=float, default=None,
+                   help="mean exit pass for fixed pruning (default: the learned policy's on the same data)")
+    g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning's random subsets")
+    g.add_argument("--dtype", default="float32")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def add_data_args(p: argparse.ArgumentParser, required: bool = True, *, default_data: str | None = None,
+                  default_max_tokens: int | None = None) -> None:
+    """The held-out data options. ``default_data`` (with ``required=False``) and ``default_max_tokens`` only
+    describe, in the help, the defaults the caller applies when ``--data`` / ``--max-tokens`` are not given."""
+    g = p.add_argument_group("held-out data")
+    data_help = "text files/folders (one file = one document) or prepared data folders (val split)"
+    g.add_argument("--data", nargs="+", required=required,
+                   help=data_help + (f" (default: {default_data})" if default_data else ""))
+    g.add_argument("--split", default="val", help="split of prepared data folders")
+    g.add_argument("--packing", choices=PACKINGS, default="documents",
+                   help="documents: each document on its own, EOD as its first context (default); stream: a "
+                        "prepared split packed and cut like training-time validation (windows of --window, no "
+                        "overlap; --max-tokens caps the samples)")
+    g.add_argument("--window", type=int, default=None, help="window length (default: min(context, 1024))")
+    g.add_argument("--stride", type=int, default=None, help="window start step (default: window / 2)")
+    g.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: 2048 // window)")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help="cap on scored tokens per --data entry" + (
+                       f" (default {default_max_tokens}; 0 = all)" if default_max_tokens is not None else ""))
+    g.add_argument("--max-tokens-per-doc", type=int, default=None, help="cap on scored tokens per document")
+
+
+def documents_from_args(args: argparse.Namespace, tokenizer) -> list[Document]:
+    """The held-out documents named by :func:`add_data_args`' options."""
+    return load_all(args.data, tokenizer, args.max_tokens, args.max_tokens_per_doc, args.split,
+                    getattr(args, "packing", "documents"), args.window)
+
+
+def check_window_args(args: argparse.Namespace, context: int) -> None:
+    """:class:`UsageError` for ``--window`` / ``--stride`` values that cannot work: a window below 1 or beyond the
+    checkpoint's ``context`` (``max_position_embeddings``), a stride outside ``[1, window]``."""
+    if args.window is not None and not 1 <= args.window <= context:
+        raise UsageError(f"--window {args.window}: expected 1 <= window <= the checkpoint's context "
+                         f"(max_position_embeddings {context})")
+    window = args.window or min(context, 1024)  # default_window's rule
+    if args.stride is not None and not 1 <= args.stride <= window:
+        raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
+
+
+__all__ = ["add_data_args", "add_recurrence_args", "check_window_args", "documents_from_args"]

@@ -1,0 +1,86 @@
+"""``adaponder-perplexity``: perplexity and bits per byte (:mod:`adaponder.evaluation.perplexity`).
+
+Command line::
+
+    adaponder-perplexity CKPT --data /path/to/wikitext-2/wiki.test.tokens \\
+        --window 512 --stride 256 --max-tokens 50000 [--halting-threshold 1e-4] [--dump tokens.tsv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from adaponder.cli.doc import description
+from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
+from adaponder.cli.eval_args import add_data_args, add_recurrence_args, check_window_args, documents_from_args
+from adaponder.evaluation import perplexity
+from adaponder.evaluation.accounting import ONE_PASS_BASELINE
+from adaponder.evaluation.perplexity import (TABLE_HEADER, _Codec, check_vocab, format_row, score_documents,
+                                             summarize_by_source)
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    from adaponder.evaluation.pruning import make_policy
+    from adaponder.evaluation.settings import load_for_eval, load_tokenizer_for, settings_of
+    from adaponder.evaluation.token_dump import write_token_dump
+    from adaponder.modeling import AdaPonderConfig
+
+    p = argparse.ArgumentParser(prog="adaponder-perplexity", description=description(perplexity.__doc__, __doc__),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    add_data_args(p)
+    add_recurrence_args(p)
+    p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
+    p.add_argument("--json", default=None, help="write the summary as JSON here")
+    add_debug_help(p)
+    args = p.parse_args(argv)
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        args.max_tokens = None
+    # Arguments and data that cannot work fail here, in one line, before the weights are loaded.
+    require_checkpoint(args.checkpoint)
+    for src in args.data:
+        if not Path(src).exists():
+            raise UsageError(f"--data {src}: no such file or folder")
+    config = AdaPonderConfig.from_pretrained(args.checkpoint)
+    check_window_args(args, config.max_position_embeddings)
+    tok = load_tokenizer_for(args.checkpoint)
+    docs = documents_from_args(args, tok)
+    check_vocab(docs, config.vocab_size)
+
+    model, _ = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    codec = _Codec(tok)
+    kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
+              pad_id=codec.pad_id, progress=True)
+    target = args.target_mean_exit
+    if args.exit_rule != "learned" and target is None:
+        target = float(score_documents(model, docs, **kw).exit_pass.mean())
+        print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
+    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed)
+    print(settings.banner())
+    policy = make_policy(args.exit_rule, model.config.num_passes, target, args.seed)
+    scores = score_documents(model, docs, halting_policy=policy, **kw)
+    if scores.meta["packing"] == "stream":
+        print(f"  packed stream (training validation's windows): window {docs[0].packed_window}, no overlap")
+    else:
+        print(f"  window {scores.meta['window']}, stride {scores.meta['stride']}")
+    summary = summarize_by_source(scores, docs, model)
+    print(TABLE_HEADER)
+    for name, s in summary.items():
+        print(format_row(name, s))
+    print(ONE_PASS_BASELINE)
+    if args.dump:
+        write_token_dump(scores, tok, args.dump, docs)
+        print(f"per-token dump: {args.dump}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": settings.as_dict(), "window": scores.meta,
+                                               "results": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
