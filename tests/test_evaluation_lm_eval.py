@@ -1,4 +1,4 @@
-"""lm-eval two ways on a saved checkpoint (issue 6, acceptance 1): unmodified ``lm_eval --model hf`` with
+"""lm-eval two ways on a saved checkpoint: unmodified ``lm_eval --model hf`` with
 ``trust_remote_code`` and ``adaponder-eval`` (``python -m adaponder.cli.lm_eval``, the registered
 ``adaponder`` model) give identical metrics; the ``adaponder`` model pins K, τ and the exit rule and reports the
 realised compute."""

@@ -1,4 +1,4 @@
-"""No data location defaults to a folder outside the checkout (issue 15, item 4): with the variables unset, every
+"""No data location defaults to a folder outside the checkout: with the variables unset, every
 command that needs data says which flag or variable to set, and no code path builds a ``../shared`` path.
 """
 
@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO
 
 VARS = ("ADAPONDER_EVAL_DATA", "ADAPONDER_HELDOUT_DATA", "ADAPONDER_GLUE_DIR", "ADAPONDER_SHARED_DATA")
-# Owned by the PALBERT refactor (issue 15 item 4 handed to the lead): $ADAPONDER_GLUE_DIR / --data-dir with a
-# ../shared/data/glue fallback. Remove them from this list once that fallback is gone.
+# Variables still allowed an outside fallback (none now; $ADAPONDER_GLUE_DIR / --data-dir once had
+# ../shared/data/glue). A name listed here is exempt from the checks below.
 PENDING: set[str] = set()
 
 

@@ -1,4 +1,4 @@
-"""Issue 14: damaged and unsafe checkpoints, and the offline export's output folder.
+"""Damaged and unsafe checkpoints, and the offline export's output folder.
 
 * every file of a checkpoint has its SHA-256 in the manifest; ``--resume auto`` skips a damaged newest
   checkpoint (one line names it and the one used), an explicit ``--resume PATH`` to it and the export exit 2;

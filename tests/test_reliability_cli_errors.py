@@ -1,4 +1,4 @@
-"""User errors on the command line (issue 14, finding 6): one ``error:`` line naming the culprit and exit code 2,
+"""User errors on the command line: one ``error:`` line naming the culprit and exit code 2,
 no traceback unless ``--debug``; genuine bugs keep their traceback. Token ids outside the vocabulary and empty
 input are a ValueError naming the id and the vocabulary size; the packed loader range-checks every batch.
 

@@ -454,3 +454,7 @@ def summary(meta: dict[str, Any]) -> str:
     if "output_dir" in meta:
         lines.append(f"wrote {meta['output_dir']}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-prepare` (or `python -m adaponder.cli.prepare`)")

@@ -271,3 +271,7 @@ def read_token_labels(data_dir: str | os.PathLike[str], split: str = "val") -> l
 
 __all__ = ["CLASS_NAMES", "FILLER", "MultiHopSpec", "PROMPT", "STRUCTURE", "TASKS", "Vocabulary",
            "generate_split", "has_token_labels", "held_out_symbols", "permutation", "read_token_labels", "write_multihop"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-reasoning-data` (or `python -m adaponder.cli.reasoning_data`)")

@@ -50,3 +50,7 @@ def dial_table(rows: Sequence[dict]) -> str:
 
 
 __all__ = ["DEFAULT_TAUS", "dial_table", "parse_taus", "sweep_tau"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-dial` (or `python -m adaponder.cli.dial`)")

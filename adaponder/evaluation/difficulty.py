@@ -138,3 +138,7 @@ def format_tables(res: Mapping[str, Any]) -> str:
 
 
 __all__ = ["CLASSES", "by_difficulty", "difficulty_by_tau", "evaluate_difficulty", "format_tables", "spearman", "token_labels"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-difficulty` (or `python -m adaponder.cli.difficulty`)")

@@ -68,3 +68,7 @@ def hardest_tokens(scores: TokenScores, tokenizer, k: int = 10) -> list[dict]:
 
 
 __all__ = ["greedy_changed_share", "hardest_tokens", "nll_by_exit_pass"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-halting` (or `python -m adaponder.cli.halting`)")

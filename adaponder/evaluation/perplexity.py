@@ -396,3 +396,7 @@ def check_vocab(docs: Sequence[Document], vocab_size: int) -> None:
             i = int(bad[0])
             raise VocabRangeError(f"{doc.name}: token {i} has id {int(doc.ids[i])}, outside the model's vocabulary "
                                   f"(size {vocab_size}); does the checkpoint's tokenizer match its model?")
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-perplexity` (or `python -m adaponder.cli.perplexity`)")

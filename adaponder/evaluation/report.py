@@ -360,3 +360,7 @@ def _jsonable(obj):
 
 
 __all__ = ["expand_tasks", "iso_flops", "run_lm_eval", "task_manager", "unknown_tasks", "write_markdown"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-report` (or `python -m adaponder.cli.report`)")

@@ -374,3 +374,7 @@ def plan_dict(p: Plan) -> dict[str, Any]:
 
 __all__ = ["DEVICES", "Device", "Memory", "Plan", "activation_bytes", "workspace_bytes", "state_bytes", "memory",
            "make_plan", "format_plan", "largest_micro_batch", "model_config_of"]
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-plan` (or `python -m adaponder.cli.plan`)")

@@ -141,3 +141,7 @@ def console_report(summary: dict[str, Any]) -> str:
                 if "flops_saved" in summary else ""),
              text_histogram(summary["exit_hist"])]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
+    raise SystemExit("this module has no command line: run `adaponder-train-report` (or `python -m adaponder.cli.train_report`)")
