@@ -7,7 +7,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import add_data_args, documents_from_args
+from adaponder.cli.eval_args import checkpoint_parser, documents_from_args
 from adaponder.evaluation import dial
 from adaponder.evaluation.dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
 
@@ -27,10 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from adaponder.evaluation.perplexity import _Codec
     from adaponder.evaluation.settings import load_for_eval, settings_of
 
-    p = argparse.ArgumentParser(prog="adaponder-dial", description=description(dial.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    add_data_args(p)
+    p = checkpoint_parser("adaponder-dial", description(dial.__doc__, __doc__), recurrence=False)
     p.add_argument("--taus", default=None,
                    help=f"comma-separated τ values (default {','.join(map(str, DEFAULT_TAUS))})")
     p.add_argument("--passes", type=int, default=None)

@@ -12,6 +12,18 @@ from adaponder.evaluation.perplexity import PACKINGS, Document, load_all
 from adaponder.evaluation.settings import EXIT_RULES
 
 
+def checkpoint_parser(prog: str, description: str, recurrence: bool = True) -> argparse.ArgumentParser:
+    """The start every checkpoint-scoring command shares: the checkpoint, the held-out data options and (with
+    ``recurrence``) the recurrence settings; the caller adds its own options after these."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    add_data_args(p)
+    if recurrence:
+        add_recurrence_args(p)
+    return p
+
+
 def add_recurrence_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("recurrence settings (pinned and printed)")
     g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")

@@ -7,14 +7,13 @@ Command line (scores the data with the learned policy, then writes the dump and 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import add_data_args, add_recurrence_args, documents_from_args
+from adaponder.cli.eval_args import checkpoint_parser, documents_from_args
 from adaponder.evaluation import halting
 from adaponder.evaluation.halting import nll_by_exit_pass
 from adaponder.evaluation.token_dump import write_token_dump
@@ -27,11 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from adaponder.evaluation.perplexity import _Codec, score_documents
     from adaponder.evaluation.settings import load_for_eval, settings_of
 
-    p = argparse.ArgumentParser(prog="adaponder-halting", description=description(halting.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    add_data_args(p)
-    add_recurrence_args(p)
+    p = checkpoint_parser("adaponder-halting", description(halting.__doc__, __doc__))
     p.add_argument("--dump", default="tokens.tsv", help="per-token dump (.tsv or .jsonl)")
     p.add_argument("--plots", default=None, help="folder for exit_histogram.png and nll_by_exit_pass.png")
     args = p.parse_args(argv)

@@ -8,7 +8,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
-from adaponder.cli.eval_args import add_data_args, add_recurrence_args, check_window_args, documents_from_args
+from adaponder.cli.eval_args import check_window_args, checkpoint_parser, documents_from_args
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
 from adaponder.evaluation.perplexity import (TABLE_HEADER, _Codec, check_vocab, format_row, score_documents,
@@ -30,11 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from adaponder.evaluation.token_dump import write_token_dump
     from adaponder.modeling import AdaPonderConfig
 
-    p = argparse.ArgumentParser(prog="adaponder-perplexity", description=description(perplexity.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    add_data_args(p)
-    add_recurrence_args(p)
+    p = checkpoint_parser("adaponder-perplexity", description(perplexity.__doc__, __doc__))
     p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
     p.add_argument("--json", default=None, help="write the summary as JSON here")
     add_debug_help(p)
