@@ -94,7 +94,7 @@ from adaponder.train.checkpoint import (
     tag_for,
     validate,
 )
-from adaponder.train.distributed import create_engine, init_distributed
+from adaponder.train.distributed import create_engine, destroy_at_exit, init_distributed
 from adaponder.train.stopping import (
     EXIT_NONFINITE,
     TrainingStopped,
@@ -803,10 +803,18 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = 
     threads = torch.get_num_threads()
     tuner = FineTuner(cfg, init=init, init_revision=init_revision, data_dir=data_dir, output=output, resume=resume,
                       log=log)
+    every_rank_alike = False  # whether all ranks leave here the same way (then the process group is destroyed at exit)
     try:
         tuner.setup()
         tuner.fit()
-        return tuner.evaluate()
+        results = tuner.evaluate()
+        every_rank_alike = True
+        return results
+    except (TrainingStopped, CheckpointError):  # (stops are agreed between ranks; checkpoint folders are shared)
+        every_rank_alike = True
+        raise
     finally:
         tuner.close()
+        if every_rank_alike:
+            destroy_at_exit()
         torch.set_num_threads(threads)

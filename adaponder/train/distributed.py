@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from pathlib import Path
@@ -18,9 +19,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_OWNED_GROUP = False  # whether init_distributed created the default process group (and so may destroy it)
+_EXIT_HOOK = False  # whether destroy_at_exit registered its hook
+
+
 def init_distributed() -> tuple[int, int, int]:
     """Join the launcher's process group (``deepspeed``/``torchrun`` set RANK, WORLD_SIZE, ...), or make a
     1-rank group for a plain ``python launch/pretrain.py``. Returns (rank, local_rank, world_size)."""
+    global _OWNED_GROUP
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -32,6 +38,7 @@ def init_distributed() -> tuple[int, int, int]:
     if not dist.is_initialized():
         # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
         deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
+        _OWNED_GROUP = True
         if acc.device_name() == "cpu":
             _release_shm_name(dist.get_rank())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -49,6 +56,26 @@ def _release_shm_name(rank: int) -> None:
     name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
             f"{os.environ.get('MASTER_PORT', '')}_{rank}")
     (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+def destroy_at_exit() -> None:
+    """Destroy the process group that :func:`init_distributed` created when the interpreter exits (an ``atexit``
+    hook, which runs while Python is still whole). Left to interpreter finalization, Gloo's worker threads can
+    still hold work whose tensors need the GIL while Python is being torn down: the rank then dies with
+    ``terminate called without an active exception`` (SIGABRT; the ``deepspeed`` runner exits 250) after a run
+    that succeeded. Not destroyed at once because DeepSpeed caches its groups for the life of the process: a
+    second run in the same process needs the same group. Call it only where every rank ends the same way
+    (success, a stop, an error every rank raised): a rank that leaves early while its peers wait in a
+    collective should not also wait at exit. A group the caller created is left alone."""
+    global _EXIT_HOOK
+    if _OWNED_GROUP and not _EXIT_HOOK:
+        atexit.register(_destroy_owned_group)
+        _EXIT_HOOK = True
+
+
+def _destroy_owned_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def broadcast_error(message: str | None) -> str | None:
@@ -89,4 +116,4 @@ def deal(batches, rank: int, world_size: int):
         yield (round_[rank], True) if rank < len(round_) else (round_[0], False)
 
 
-__all__ = ["init_distributed", "broadcast_error", "create_engine", "deal"]
+__all__ = ["init_distributed", "destroy_at_exit", "broadcast_error", "create_engine", "deal"]

@@ -36,7 +36,7 @@ from . import metrics as M
 from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
                          read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
-from .distributed import broadcast_error, create_engine, deal, init_distributed
+from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, init_distributed
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
@@ -724,12 +724,15 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
 
     trainer = Trainer(cfg, resume)
     rank = int(os.environ.get("RANK", "0"))
+    every_rank_alike = False  # whether all ranks leave here the same way (then the process group is destroyed at exit)
     try:
         trainer.setup()
         rank = trainer.rank
         trainer.fit()
+        every_rank_alike = True
         return EXIT_OK
     except TrainingStopped as stop:
+        every_rank_alike = True  # (stops are agreed between the ranks before anyone raises)
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
@@ -737,6 +740,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
+        every_rank_alike = True
         if rank == 0:
             M.write_console(f"error: {err}")
         return EXIT_ERROR
@@ -745,6 +749,8 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         return 1
     finally:
         trainer.close()
+        if every_rank_alike:
+            destroy_at_exit()
 
 
 __all__ = ["Trainer", "run", "training_loss"]
