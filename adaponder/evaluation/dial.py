@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from adaponder.modeling.configuration_adaponder import halting_threshold_problem
+
 from .perplexity import Document, score_documents, summarize
 
 DEFAULT_TAUS = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -19,7 +21,7 @@ def parse_taus(text: str | Sequence[float] | None) -> list[float]:
     if text is None:
         return list(DEFAULT_TAUS)
     vals = [float(t) for t in (text.split(",") if isinstance(text, str) else text) if str(t).strip()]
-    bad = [t for t in vals if not 0.0 < t < 1.0]
+    bad = [t for t in vals if halting_threshold_problem(t)]
     if bad:
         raise ValueError(f"τ values must lie in (0, 1); got {bad}")
     return sorted(set(vals))
@@ -27,17 +29,11 @@ def parse_taus(text: str | Sequence[float] | None) -> list[float]:
 
 def sweep_tau(model, docs: Sequence[Document], taus: Sequence[float], **score_kw) -> list[dict]:
     """One row per τ (ascending): ``tau``, ``ppl``, ``bpb``, ``nll``, ``mean_exit``, ``exit_histogram``,
-    ``flops`` (see :func:`~adaponder.evaluation.accounting.flops_summary`). τ is restored afterwards."""
-    original = model.config.halting_threshold
-    rows = []
-    try:
-        for tau in sorted(taus):
-            model.config.halting_threshold = float(tau)
-            scores = score_documents(model, docs, **score_kw)
-            rows.append({"tau": float(tau), **summarize(scores, docs, model)})
-    finally:
-        model.config.halting_threshold = original
-    return rows
+    ``flops`` (see :func:`~adaponder.evaluation.accounting.flops_summary`). Each τ is an argument of the scoring
+    calls; the model's config is not touched."""
+    return [{"tau": float(tau), **summarize(score_documents(model, docs, halting_threshold=tau, **score_kw), docs,
+                                            model)}
+            for tau in sorted(taus)]
 
 
 def dial_table(rows: Sequence[dict]) -> str:

@@ -77,7 +77,8 @@ def by_difficulty(scores: TokenScores, labels: np.ndarray) -> dict[str, Any]:
 
 
 def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "val", batch_size: int = 32,
-                        pruning_seeds: Sequence[int] = (0,), halting_policy: Callable | None = None) -> dict[str, Any]:
+                        pruning_seeds: Sequence[int] = (0,), halting_policy: Callable | None = None,
+                        halting_threshold: float | None = None) -> dict[str, Any]:
     """Score ``split`` of a labelled corpus with ``model`` and return :func:`by_difficulty`'s tables, plus
     ``fixed_pruning`` (rule → per-seed tables at the learned mean exit pass) for gated models."""
     from adaponder.data.layout import read_meta
@@ -90,7 +91,7 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
     docs = load_documents(data_dir, tokenizer, split=split)
     window = max(len(d) for d in docs)  # one window per document: every token sees its whole document
     kw = dict(window=window, stride=window, batch_size=batch_size, eod_id=int(read_meta(data_dir)["eod_id"]))
-    scores = score_documents(model, docs, halting_policy=halting_policy, **kw)
+    scores = score_documents(model, docs, halting_policy=halting_policy, halting_threshold=halting_threshold, **kw)
     lab = token_labels(scores, labels)
     out = by_difficulty(scores, lab)
     K = int(model.config.num_passes)
@@ -106,17 +107,10 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
 def difficulty_by_tau(model, data_dir: str | Path, tokenizer, taus: Sequence[float], split: str = "val",
                       batch_size: int = 32) -> list[dict[str, Any]]:
     """:func:`evaluate_difficulty` at each halting threshold τ (ascending; no pruning controls): what raising τ
-    costs each difficulty level. τ is restored afterwards."""
-    original = model.config.halting_threshold
-    rows = []
-    try:
-        for tau in sorted(taus):
-            model.config.halting_threshold = float(tau)
-            rows.append({"tau": float(tau), **evaluate_difficulty(model, data_dir, tokenizer, split, batch_size,
-                                                                  pruning_seeds=())})
-    finally:
-        model.config.halting_threshold = original
-    return rows
+    costs each difficulty level. Each τ is an argument of the scoring calls; the model's config is not touched."""
+    return [{"tau": float(tau), **evaluate_difficulty(model, data_dir, tokenizer, split, batch_size, pruning_seeds=(),
+                                                      halting_threshold=tau)}
+            for tau in sorted(taus)]
 
 
 def format_tables(res: Mapping[str, Any]) -> str:

@@ -268,10 +268,12 @@ def default_window(model) -> int:
 @torch.no_grad()
 def score_documents(model, docs: Sequence[Document], window: int | None = None, stride: int | None = None,
                     batch_size: int | None = None, halting_policy: Callable | None = None, eod_id: int = 0,
-                    pad_id: int | None = None, progress: bool = False) -> TokenScores:
+                    pad_id: int | None = None, progress: bool = False,
+                    halting_threshold: float | None = None) -> TokenScores:
     """Score every token of ``docs`` with sliding windows (see module doc); returns :class:`TokenScores` in
     document/position order. ``halting_policy`` replaces the gates' rule (fixed pruning); it is called in a
-    fixed batch order, so a seeded policy gives reproducible results."""
+    fixed batch order, so a seeded policy gives reproducible results. ``halting_threshold``: τ for these calls
+    (default: the model config's)."""
     window = int(window or default_window(model))
     if window > model.config.max_position_embeddings:
         raise ValueError(f"window {window} exceeds the model's max_position_embeddings "
@@ -303,7 +305,8 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
             ids[r, :e - b] = torch.from_numpy(seqs[d][b:e])
             mask[r, :e - b] = 1
         attn = None if bool(mask.all()) else mask.to(device)
-        out = model(input_ids=ids.to(device), attention_mask=attn, use_cache=False, halting_policy=halting_policy)
+        out = model(input_ids=ids.to(device), attention_mask=attn, use_cache=False, halting_policy=halting_policy,
+                    halting_threshold=halting_threshold)
         logits, exits = out.logits, out.exit_pass
         for r, (d, b, e, k) in enumerate(batch):
             length = e - b

@@ -230,8 +230,8 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
         if isinstance(val, int) and val < 1:
             problems.append(f"'{key}' must be >= 1, got {val}")
     tau = v.get("halting_threshold")
-    if isinstance(tau, (int, float)) and not 0.0 < tau < 1.0:
-        problems.append(f"'halting_threshold' (τ) must lie in (0, 1), got {tau}")
+    if isinstance(tau, (int, float)) and halting_threshold_problem(tau):
+        problems.append(halting_threshold_problem(tau))
     act = v.get("gate_activation")
     if act is not None and act not in GATE_ACTIVATIONS:
         problems.append(f"'gate_activation' must be one of {', '.join(GATE_ACTIVATIONS)}; got {act!r}")
@@ -252,4 +252,21 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-__all__ = ["AdaPonderConfig", "AdaPonderConfigError", "INIT_SCHEMES", "MODES", "semantic_problems"]
+def halting_threshold_problem(tau: float) -> str | None:
+    """What is wrong with τ (A6), or None: a token halts when ``s < τ`` and ``s`` lies in (0, 1), so τ outside
+    (0, 1) would halt every token or none."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau < 1.0:
+        return f"'halting_threshold' (τ) must lie in (0, 1), got {tau}"
+    return None
+
+
+def check_halting_threshold(tau: float) -> float:
+    """``tau`` as a float, or ``ValueError`` naming it (:func:`halting_threshold_problem`)."""
+    problem = halting_threshold_problem(tau)
+    if problem:
+        raise ValueError(problem)
+    return float(tau)
+
+
+__all__ = ["AdaPonderConfig", "AdaPonderConfigError", "INIT_SCHEMES", "MODES", "check_halting_threshold",
+           "halting_threshold_problem", "semantic_problems"]

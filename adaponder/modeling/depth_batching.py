@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .configuration_adaponder import check_halting_threshold
 from .modeling_adaponder import _attention_implementation
 from .ponder_cache import PonderCache, starts_at
 from .pondering import pondering_from_logits
@@ -196,11 +197,13 @@ class DepthBatchedDecoder:
     #: New positions the tick buffers have room for at first; they double when the ticks reach their end.
     GROWTH = 64
 
-    def __init__(self, model):
+    def __init__(self, model, halting_threshold: float | None = None):
+        """``halting_threshold``: τ of A6 for this decoder (default: the model config's, which is not written)."""
         cfg = model.config
         if cfg.mode not in ("vanilla", "ponderlm", "adaponder"):
             raise ValueError(f"depth-batched decoding supports modes vanilla, ponderlm and adaponder, not {cfg.mode!r}")
         self.model = model
+        self.tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
@@ -254,7 +257,7 @@ class DepthBatchedDecoder:
                 gate_runs += len({p for p in passes if p <= len(model.gates)})
 
                 s = None if gates is None else gates(h, passes)  # [n] float (A5)
-                halt = pass_t >= K if s is None else (pass_t >= K) | (s < cfg.halting_threshold)  # A6
+                halt = pass_t >= K if s is None else (pass_t >= K) | (s < self.tau)  # A6
                 z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
                 nxt = z.argmax(-1)
                 halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
@@ -335,7 +338,7 @@ class DepthBatchedDecoder:
         """The cached forward over the prompts (A16), writing straight into a cache in the decoder's layout with room
         for ``capacity`` positions, then the keys transposed for the ticks (:meth:`prepare`)."""
         cache = self.new_cache(input_ids.shape[0], capacity, input_ids.device)
-        return self.prepare(self.model(input_ids, cache=cache, use_cache=True), capacity)
+        return self.prepare(self.model(input_ids, cache=cache, use_cache=True, halting_threshold=self.tau), capacity)
 
     def prepare(self, output, capacity: int) -> DecoderPrefill:
         """``output`` of the cached forward in the decoder's layout: its values where they are (a cache from

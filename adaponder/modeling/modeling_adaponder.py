@@ -25,7 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gpt_neox.modeling_gpt_neox import eager_attention_forward
 
-from .configuration_adaponder import AdaPonderConfig
+from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden, skinny_linear
 
@@ -436,6 +436,8 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         halting_policy=None,
         gate_warmup: GateWarmup | None = None,
         past_key_values: Cache | None = None,
+        halting_threshold: float | None = None,
+        compact: bool | None = None,
         **kwargs,
     ) -> AdaPonderCausalLMOutput:
         r"""Run K passes (A1–A9) and, with ``labels`` (HF convention: shifted inside) or ``shift_labels``
@@ -447,8 +449,14 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         ``halting_policy(pass_idx, active, s, valid) -> bool [B, T]`` replaces the threshold rule of A6
         (which tokens stay active after this pass); the mask stays monotone whatever it returns.
         ``gate_warmup`` (:class:`GateWarmup`, training's warm-up only) bypasses, floors or stops the gates' halting.
+
+        Settings of this call, each defaulting to the config (which is never written): ``halting_threshold``
+        (τ of A6; ``generate`` passes it through), ``compact`` (whether passes without gradients compute only the
+        still-active tokens, A16; ``False`` runs every token through every pass, as ZeRO-3 needs).
         """
         cfg = self.config
+        tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
+        compact = cfg.compact_inference if compact is None else bool(compact)
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
@@ -464,7 +472,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
         x0, batch, length, valid = ctx.x0, ctx.batch, ctx.length, ctx.valid
         device = x0.device
-        compact_ok = cfg.compact_inference and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
+        compact_ok = compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
 
         K = cfg.num_passes
         E = ctx.E0
@@ -510,7 +518,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 if gate_warmup is not None and not gate_warmup.halting:
                     next_active = active
                 elif halting_policy is None:
-                    next_active = active & (s >= cfg.halting_threshold).detach()  # A6 (no gradient through 1[·])
+                    next_active = active & (s >= tau).detach()  # A6 (no gradient through 1[·])
                 else:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
                     next_active = active & halting_policy(i, active, s.detach(), valid).bool()
             else:

@@ -232,12 +232,13 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
     @classmethod
     def from_backbone(cls, source, *, num_labels: int = 2, palbert_method: str = "palbert",
                       palbert_passes: int = 4, mode: str | None = None, dtype: torch.dtype | None = None,
-                      **overrides) -> "AdaPonderForSequenceClassification":
+                      attn_implementation: str | None = None, **overrides) -> "AdaPonderForSequenceClassification":
         """A fresh classifier on the backbone of a local GPT-NeoX/Pythia or AdaPonder checkpoint (a directory
         or a model object). The core's weights are copied; heads and the Lambda layer are new.
 
         ``mode`` (default: the checkpoint's; ``vanilla`` for GPT-NeoX; ``adaponder`` → ``ponderlm``) picks
-        the feedback between passes. ``overrides`` set :class:`PalbertConfig` fields.
+        the feedback between passes. ``attn_implementation`` (default: the backbone's) is fixed at construction.
+        ``overrides`` set :class:`PalbertConfig` fields.
         """
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
@@ -262,7 +263,7 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         values.update(mode=mode, num_labels=num_labels, palbert_method=palbert_method,
                       palbert_passes=palbert_passes, **overrides)
         config = PalbertConfig(**values)
-        config._attn_implementation = core.config._attn_implementation
+        config._attn_implementation = attn_implementation or core.config._attn_implementation
         model = cls(config)
         model.core.load_state_dict(core.state_dict())
         return model.to(dtype) if dtype is not None else model

@@ -210,14 +210,9 @@ def build_classifier(cfg: FinetuneConfig, init: str, spec: GlueTaskSpec, seed: i
     else:
         source, mode = init, m.core_mode
     model = AdaPonderForSequenceClassification.from_backbone(
-        source, num_labels=spec.num_labels, palbert_method=m.method, palbert_passes=m.passes, mode=mode, **fields)
-    _set_attention(model, m.attn_implementation)
+        source, num_labels=spec.num_labels, palbert_method=m.method, palbert_passes=m.passes, mode=mode,
+        attn_implementation=m.attn_implementation, **fields)
     return model
-
-
-def _set_attention(model: AdaPonderForSequenceClassification, impl: str) -> None:
-    model.config._attn_implementation = impl
-    model.core.config._attn_implementation = impl
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -630,8 +625,7 @@ class FineTuner:
         sd = self.engine._zero3_consolidated_16bit_state_dict()
         if self.rank != 0:
             return None
-        copy = AdaPonderForSequenceClassification(self.model.config)
-        _set_attention(copy, self.cfg.model.attn_implementation)
+        copy = AdaPonderForSequenceClassification(self.model.config)  # (the config carries the attention choice)
         missing, unexpected = copy.load_state_dict(sd, strict=False)
         if unexpected or [k for k in missing if k not in self._tied_keys(copy)]:
             raise RuntimeError(f"gathered ZeRO-3 weights do not fit the model: missing {missing}, "

@@ -29,11 +29,11 @@ def eval_vector(k_passes: int, device="cpu") -> torch.Tensor:
 
 
 @torch.no_grad()
-def eval_batch(call: Callable, x: torch.Tensor, vec: torch.Tensor, k_passes: int) -> None:
-    """Run ``call(input_ids=..., shift_labels=..., use_cache=False, return_logits=False)`` (an
+def eval_batch(call: Callable, x: torch.Tensor, vec: torch.Tensor, k_passes: int, compact: bool | None = None) -> None:
+    """Run ``call(input_ids=..., shift_labels=..., use_cache=False, return_logits=False, compact=compact)`` (an
     :class:`AdaPonderForCausalLM` or its DeepSpeed engine) on one packed batch ``x`` [B, T+1] and accumulate
     token-weighted CE and the exit passes into ``vec``."""
-    out = call(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False)
+    out = call(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False, compact=compact)
     n = x[:, 1:].numel()
     vec[_CE] += out.loss.double() * n
     vec[_TOK] += n

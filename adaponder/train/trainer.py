@@ -497,11 +497,9 @@ class Trainer:
 
         cfg, engine = self.cfg, self.engine
         model = engine.module
-        compact = model.config.compact_inference
         zero3 = cfg.deepspeed.zero_stage == 3
-        if zero3:
-            # Every rank must run the same module sequence (parameter all-gathers): no early exit.
-            model.config.compact_inference = False
+        # Under ZeRO-3 every rank must run the same module sequence (parameter all-gathers): no early exit.
+        compact = False if zero3 else None
         engine.eval()
         vec = eval_vector(self.k_passes, self.device)
         mb = cfg.eval.micro_batch or self.plan.micro_batch
@@ -511,11 +509,11 @@ class Trainer:
         try:
             for x, counted in deal(batches, self.rank, self.world_size):
                 if counted:
-                    eval_batch(engine, x.to(self.device), vec, self.k_passes)
+                    eval_batch(engine, x.to(self.device), vec, self.k_passes, compact)
                 elif zero3:  # the same number of forward calls on every rank (each gathers parameters); discarded
-                    eval_batch(engine, x.to(self.device), eval_vector(self.k_passes, self.device), self.k_passes)
+                    eval_batch(engine, x.to(self.device), eval_vector(self.k_passes, self.device), self.k_passes,
+                               compact)
         finally:
-            model.config.compact_inference = compact
             engine.train()
         if dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(vec)

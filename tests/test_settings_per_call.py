@@ -1,0 +1,122 @@
+"""Settings are arguments of a call, defaulting to the config, never written into ``model.config`` at run time:
+τ per forward / generate / scoring call, ZeRO-3's full passes per evaluation call, the classifier's attention
+implementation at construction."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from adaponder.modeling import AdaPonderForCausalLM, pythia_config
+from adaponder.modeling.depth_batching import DepthBatchedDecoder
+
+PACKAGE = Path(__file__).resolve().parents[1] / "adaponder"
+
+# Where a model config is still assigned to after construction, and why that place is allowed to:
+ALLOWED = {
+    # K and τ chosen when a checkpoint is loaded for evaluation, before its first call (a gated checkpoint must be
+    # built with all its gates, so K cannot be a constructor argument there).
+    ("evaluation/settings.py", "apply_recurrence"),
+    # transformers' layers read the attention function from their config: the packed and per-row attention of
+    # compacted passes are selected for one pass inside the model, and restored after it.
+    ("modeling/modeling_adaponder.py", "_attention_implementation"),
+    # a fresh config, before the classifier is built on it
+    ("palbert/classifier.py", "from_backbone"),
+}
+
+
+def _config_assignments():
+    """(file, function, line, target) of every assignment to ``<x>.config.<field>``, ``config.<field>`` or a
+    field of a local alias of ``<x>.config``."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("modeling/configuration_") or rel.endswith("palbert/config.py"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            # local aliases of a model config: ``cfg = model.config`` (or ``self.model.config``)
+            aliases = {"config"} | {t.id for n in ast.walk(func) if isinstance(n, ast.Assign)
+                                    and isinstance(n.value, ast.Attribute) and n.value.attr == "config"
+                                    for t in n.targets if isinstance(t, ast.Name)}
+            for node in ast.walk(func):
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+                for t in targets:
+                    if not isinstance(t, ast.Attribute):
+                        continue
+                    base = t.value
+                    if (isinstance(base, ast.Attribute) and base.attr == "config") or (
+                            isinstance(base, ast.Name) and base.id in aliases):
+                        found.append((rel, func.name, node.lineno, ast.unparse(t)))
+    return found
+
+
+def test_nothing_writes_model_config_after_construction_outside_the_allowed_places():
+    found = _config_assignments()
+    stray = [f for f in found if (f[0], f[1]) not in ALLOWED]
+    assert not stray, f"assignments to a model config at run time: {stray}"
+    assert {(f[0], f[1]) for f in found} <= ALLOWED
+    assert ("evaluation/settings.py", "apply_recurrence") in {(f[0], f[1]) for f in found}  # the scan sees them
+
+
+@pytest.fixture(scope="module")
+def gated():
+    torch.manual_seed(0)
+    cfg = pythia_config("tiny", mode="adaponder", passes=3, vocab_size=97, hidden_size=32, num_attention_heads=4,
+                        intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
+    model = AdaPonderForCausalLM(cfg).eval()
+    with torch.no_grad():  # gates that halt some tokens at τ = 0.5 and none at the default τ
+        for gate in model.gates:
+            for p in gate.parameters():
+                p.normal_(0, 0.5)
+    return model
+
+
+def _with_tau(model, tau):
+    other = AdaPonderForCausalLM(model.config.__class__(**{**model.config.to_dict(), "halting_threshold": tau}))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+@pytest.mark.parametrize("compact", [None, False])
+def test_tau_per_call_equals_a_model_built_with_that_tau(gated, compact):
+    ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(1))
+    default_tau = gated.config.halting_threshold
+    with torch.no_grad():
+        per_call = gated(input_ids=ids, halting_threshold=0.5, compact=compact)
+        built = _with_tau(gated, 0.5)(input_ids=ids, compact=compact)
+        default = gated(input_ids=ids)
+    assert gated.config.halting_threshold == default_tau  # not written
+    assert torch.equal(per_call.exit_pass, built.exit_pass)
+    torch.testing.assert_close(per_call.logits, built.logits)
+    assert not torch.equal(per_call.exit_pass, default.exit_pass)  # the call's τ changed something
+
+
+def test_generate_and_the_depth_batched_decoder_take_tau_per_call(gated):
+    ids = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    built = _with_tau(gated, 0.5)
+    seen = []
+    hook = gated.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("halting_threshold")), with_kwargs=True)
+    with torch.no_grad():
+        per_call = gated.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, halting_threshold=0.5)
+    hook.remove()
+    assert seen and set(seen) == {0.5}  # every forward of generate got the call's τ
+    with torch.no_grad():
+        expected = built.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        dec = DepthBatchedDecoder(gated, halting_threshold=0.5).generate(ids, max_new_tokens=6)
+        dec_built = DepthBatchedDecoder(built).generate(ids, max_new_tokens=6)
+    assert torch.equal(per_call, expected)
+    assert torch.equal(dec.exit_pass, dec_built.exit_pass) and torch.equal(dec.sequences, dec_built.sequences)
+    assert torch.equal(dec.sequences, expected)  # the decoder decodes as generate does
+    assert gated.config.halting_threshold != 0.5
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, float("nan"), -0.2])
+def test_a_bad_tau_per_call_names_it(gated, bad):
+    with pytest.raises(ValueError, match=r"halting_threshold.*\(0, 1\)"):
+        gated(input_ids=torch.zeros(1, 3, dtype=torch.long), halting_threshold=bad)
