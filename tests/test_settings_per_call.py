@@ -22,7 +22,7 @@ ALLOWED = {
     ("evaluation/settings.py", "apply_recurrence"),
     # transformers' layers read the attention function from their config: the packed and per-row attention of
     # compacted passes are selected for one pass inside the model, and restored after it.
-    ("modeling/modeling_adaponder.py", "_attention_implementation"),
+    ("modeling/attention.py", "routed_attention"),
     # a fresh config, before the classifier is built on it
     ("palbert/classifier.py", "from_backbone"),
 }

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from .configuration_adaponder import check_halting_threshold
-from .modeling_adaponder import _attention_implementation
+from .attention import routed_attention
+from .pass_step import first_input, gate_weighted, goes_on
 from .ponder_cache import PonderCache, starts_at
 from .pondering import pondering_from_logits
 
@@ -242,7 +243,7 @@ class DepthBatchedDecoder:
         embed = model.gpt_neox.embed_in
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
         ticks = token_passes = pondering_ticks = gate_runs = attended = 0
-        with _attention_implementation(cfg, ROW_ATTENTION):
+        with routed_attention(cfg, ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
                 if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
                     prefill = prefill.grown(min(need, 2 * prefill.capacity))
@@ -257,7 +258,7 @@ class DepthBatchedDecoder:
                 gate_runs += len({p for p in passes if p <= len(model.gates)})
 
                 s = None if gates is None else gates(h, passes)  # [n] float (A5)
-                halt = pass_t >= K if s is None else (pass_t >= K) | (s < self.tau)  # A6
+                halt = pass_t >= K if s is None else (pass_t >= K) | ~goes_on(s, self.tau)  # A6
                 z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
                 nxt = z.argmax(-1)
                 halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
@@ -265,12 +266,7 @@ class DepthBatchedDecoder:
                 go = [i for i, stop in enumerate(halt_h) if not stop]
                 if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
                     pondering_ticks += 1
-                    idx = _index(go, device)
-                    e = pondering_from_logits(z.index_select(0, idx), model.gpt_neox.embed_in.weight,
-                                              cfg.embedding_scale, in_place=True)  # (A4)
-                    if s is not None:
-                        e = e * s.index_select(0, idx).to(e.dtype)[:, None]
-                    E = E.index_add(0, idx, e.to(E.dtype))
+                    E = self._feed_back(E, z, s, _index(go, device))
                 stopped = [i for i, stop in enumerate(halt_h) if stop]
                 self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
@@ -310,9 +306,15 @@ class DepthBatchedDecoder:
 
     def _first_input(self, embed, token_ids: list[int], device) -> torch.Tensor:
         """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
-        x0 = embed(torch.tensor(token_ids, device=device))
-        scale = self.model.config.first_pass_scale
-        return x0 * scale if scale != 1.0 else x0
+        return first_input(embed(torch.tensor(token_ids, device=device)), self.model.config.first_pass_scale)
+
+    def _feed_back(self, E: torch.Tensor, z: torch.Tensor, s: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor:
+        """``E^i = E^{i-1} + s^i·e^i`` (A7) for the rows ``idx`` of this tick, ``e`` the pondering embedding of
+        their logits ``z`` (A4; softmax in place: ``z`` is not read afterwards)."""
+        e = pondering_from_logits(z.index_select(0, idx), self.model.gpt_neox.embed_in.weight,
+                                  self.model.config.embedding_scale, in_place=True)
+        e = gate_weighted(e, None if s is None else s.index_select(0, idx))
+        return E.index_add(0, idx, e.to(E.dtype))
 
     def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, kv: TickKV, plan: RowPlan) -> torch.Tensor:
         neox = self.model.gpt_neox

@@ -11,6 +11,7 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -18,19 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AttentionInterface, GenerationMixin, GPTNeoXModel, PreTrainedModel
+from transformers import GenerationMixin, GPTNeoXModel, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.gpt_neox.modeling_gpt_neox import eager_attention_forward
 
+from .attention import PACKED_ATTENTION, causal_slot_mask, routed_attention
 from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
+from .pass_step import GateOutput, GateWarmup, PonderGate, SkinnyLinear, first_input, gate_weighted, goes_on
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
-from .pondering import linear_cross_entropy, pondering_from_hidden, skinny_linear
-
-_GATE_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
-
+from .pondering import linear_cross_entropy, pondering_from_hidden
 
 @dataclass
 class PassContext:
@@ -56,6 +54,27 @@ class PassContext:
 
 
 @dataclass
+class _PassRun:
+    """What the pass loop accumulates for the output: exit passes (A8), exit-pass states (A9), gate values and
+    their pool (A11), the share of tokens active in each pass, and (on request) every pass's logits."""
+
+    exit_pass: torch.Tensor
+    h_hat: torch.Tensor | None = None
+    gate_values: list = dataclasses.field(default_factory=list)
+    gate_masks: list = dataclasses.field(default_factory=list)
+    active_fraction: list = dataclasses.field(default_factory=list)
+    pass_logits: list = dataclasses.field(default_factory=list)
+
+    def gate_tensors(self, num_passes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``[B, T, K-1]`` gate values and pool mask, zero-padded where the loop stopped before a gate ran."""
+        if not self.gate_values:
+            return None, None
+        gv, gm = torch.stack(self.gate_values, dim=-1), torch.stack(self.gate_masks, dim=-1)
+        pad = num_passes - 1 - gv.shape[-1]
+        return (F.pad(gv, (0, pad)), F.pad(gm, (0, pad))) if pad > 0 else (gv, gm)
+
+
+@dataclass
 class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus halting statistics.
 
@@ -75,19 +94,6 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     pass_logits: tuple[torch.Tensor, ...] | None = None
 
 
-class SkinnyLinear(nn.Linear):
-    """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
-    run by blocks of the weight on the CPU, where MKL's own GEMV is slow (:func:`~.pondering.skinny`). Used for the
-    output head, the gates' input layers and, retyped in place, the backbone layers' linear maps."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear(x, self.weight, self.bias)
-
-
-class GateOutput(nn.Linear):
-    """The gate's last layer, a type of its own so weight init can start it at s ≈ 1 (A5)."""
-
-
 class PauseEmbeddings(nn.Module):
     """The P learnable pause vectors of A19, one per pause slot, shared by every position."""
 
@@ -100,39 +106,6 @@ class PauseEmbeddings(nn.Module):
         batch, length, d = x.shape
         pauses = self.weight.to(x.dtype)[None, None].expand(batch, length, -1, -1)
         return torch.cat([x[:, :, None], pauses], dim=2).reshape(batch, -1, d)
-
-
-@dataclass(frozen=True)
-class GateWarmup:
-    """How the gates act in a training step of the warm-up (A13 **[choice]**, ``schedule.gate_warmup``); the
-    trainer passes one to :meth:`AdaPonderForCausalLM.forward` while the warm-up lasts, None afterwards.
-
-    bypass: the PonderLM regime, s ≡ 1 and m ≡ 1: the gates are not run (and receive no gradient).
-    halting: False keeps every token active (m ≡ 1) while the gates still scale the update (A7).
-    logit_floor: the gates' logit is clamped from below (s ≥ σ(floor)), so cross-entropy cannot push a gate
-        into the flat tail of the sigmoid where its gradient (σ' ≈ s) is gone.
-    """
-
-    bypass: bool = False
-    halting: bool = True
-    logit_floor: float | None = None
-
-
-class PonderGate(nn.Module):
-    """Iteration-specific halting gate (A5): ``s = σ(Linear(d, m·d) → act → Linear(m·d, 1))``."""
-
-    def __init__(self, config: AdaPonderConfig):
-        super().__init__()
-        width = config.gate_hidden_mult * config.hidden_size
-        self.fc_in = SkinnyLinear(config.hidden_size, width)
-        self.act = _GATE_ACTS[config.gate_activation]()
-        self.fc_out = GateOutput(width, 1)
-
-    def forward(self, hidden: torch.Tensor, logit_floor: float | None = None) -> torch.Tensor:
-        logit = self.fc_out(self.act(self.fc_in(hidden))).squeeze(-1).float()
-        if logit_floor is not None:
-            logit = logit.clamp(min=logit_floor)
-        return torch.sigmoid(logit)
 
 
 def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) -> torch.Tensor:
@@ -182,60 +155,6 @@ def _model_type(path: str) -> str | None:
 
     with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
         return json.load(fh).get("model_type")
-
-
-def _attention_mask(
-    q_slot: torch.Tensor, kv_len: int, key_padding: torch.Tensor | None, impl: str, dtype: torch.dtype
-) -> torch.Tensor | None:
-    """Causal mask over cache slots for queries at cache positions ``q_slot`` ``[B', Tq]``.
-
-    A query may attend to keys at slots ≤ its own that are not padding. Padded queries still see
-    themselves, so no row is empty (no NaN that a 0-weight could carry into the loss).
-    """
-    if impl == "flash_attention_2":
-        return key_padding.long() if key_padding is not None else None
-    kpos = torch.arange(kv_len, device=q_slot.device)
-    q = q_slot[:, None, :, None]
-    allowed = kpos <= q
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, None, :]
-    allowed = allowed | (kpos == q)
-    if impl == "eager":
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
-    return allowed
-
-
-PACKED_ATTENTION = "adaponder_packed"
-
-
-def packed_attention(module, query, key, value, attention_mask, ponder_subset: TokenSubset, ponder_impl: str,
-                     **kwargs):
-    """Attention of a compacted pass, whose projections ran on its N active tokens flat (``query``
-    ``[1, heads, N, hd]``): the queries go to their rows' packed layout ``[R, heads, Tq, hd]`` (zeros in the padding
-    slots), attend to those rows' K/V (``key``/``value`` ``[R, heads, S, hd]``, from :class:`KVAligner`) under the
-    pass's mask with the model's own attention implementation ``ponder_impl``, and come back flat,
-    ``[1, N, heads, hd]``. Routed here through ``AttentionInterface`` while the pass runs."""
-    s, heads, hd = ponder_subset, query.shape[1], query.shape[3]
-    q = s.pad(query[0].transpose(0, 1)).transpose(1, 2)  # [N, heads, hd] → [R, Tq, heads, hd] → [R, heads, Tq, hd]
-    inner = ALL_ATTENTION_FUNCTIONS.get_interface(ponder_impl, eager_attention_forward)
-    out, _ = inner(module, q, key, value, attention_mask, **kwargs)  # [R, Tq, heads, hd]
-    return s.unpad(out.reshape(*s.token.shape, heads, hd))[None], None
-
-
-AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-
-
-@contextlib.contextmanager
-def _attention_implementation(config, name: str):
-    """Route the layers' attention to ``name`` for the duration (transformers looks it up in the config per call)."""
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
 
 
 class AdaPonderPreTrainedModel(PreTrainedModel):
@@ -470,23 +389,43 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 input_ids, inputs_embeds, attention_mask, position_ids)
             input_ids = None
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
-        x0, batch, length, valid = ctx.x0, ctx.batch, ctx.length, ctx.valid
-        device = x0.device
         compact_ok = compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
+        run = self._run_passes(ctx, KVAligner(cfg.num_hidden_layers, cache), tau, compact_ok, halting_policy,
+                               gate_warmup, return_pass_logits)
+        h_hat, exit_pass, pass_logits, length = run.h_hat, run.exit_pass, run.pass_logits, ctx.length
+        if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
+            h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
+            pass_logits = [z[:, stride - 1::stride] for z in pass_logits]
+            length = length // stride
+        logits, lm_loss = self._exit_logits_and_loss(h_hat, self._targets(labels, shift_labels), return_logits,
+                                                     logits_to_keep, length)
+        gate_values, gate_mask = run.gate_tensors(cfg.num_passes)
+        return AdaPonderCausalLMOutput(
+            loss=lm_loss,
+            logits=logits,
+            cache=cache,
+            lm_loss=lm_loss,
+            exit_pass=exit_pass,
+            gate_values=gate_values,
+            gate_mask=gate_mask,
+            active_fraction=torch.stack(run.active_fraction),
+            pass_logits=tuple(pass_logits) if return_pass_logits else None,
+        )
 
-        K = cfg.num_passes
+    def _run_passes(self, ctx: "PassContext", aligner: KVAligner, tau: float, compact_ok: bool, halting_policy,
+                    gate_warmup: GateWarmup | None, return_pass_logits: bool) -> "_PassRun":
+        """The K passes (A2–A9): run the stack on the tokens still active, keep each token's exit-pass state,
+        then gate, halt and feed back (:meth:`_halt`, :meth:`_ponder_update`) before the next pass."""
+        cfg = self.config
+        batch, length, valid, K = ctx.batch, ctx.length, ctx.valid, cfg.num_passes
+        run = _PassRun(torch.ones(batch, length, dtype=torch.long, device=ctx.x0.device))
         E = ctx.E0
-        aligner = KVAligner(cfg.num_hidden_layers, cache)
-        active = torch.ones(batch, length, dtype=torch.bool, device=device)  # m¹ = 1 (A2)
-        exit_pass = torch.ones(batch, length, dtype=torch.long, device=device)
-        h_hat = None  # final-LN hidden state of each token's exit pass; ẑ = W_out ĥ (A9)
-        gate_values, gate_masks, active_fraction, pass_logits = [], [], [], []
+        active = torch.ones(batch, length, dtype=torch.bool, device=E.device)  # m¹ = 1 (A2)
         n_valid = valid.sum().clamp(min=1)
         grad = torch.is_grad_enabled()
-
         subset = None  # the tokens pass i computes when compacting (A16); None: all of them
         for i in range(1, K + 1):
-            active_fraction.append((active & valid).sum() / n_valid)
+            run.active_fraction.append((active & valid).sum() / n_valid)
             if subset is not None and subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
                 for j in range(i, K + 1):
                     aligner.carry_forward(j)
@@ -495,83 +434,67 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
             # keeping a B×T×V logits tensor per pass.
             if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
-                h_hat[subset.b_idx, subset.t_idx] = h_flat
+                run.h_hat[subset.b_idx, subset.t_idx] = h_flat
             else:
                 h_i = h_flat.reshape(batch, length, -1)
-                h_hat = h_i if h_hat is None else torch.where(active[..., None], h_i, h_hat)
+                run.h_hat = h_i if run.h_hat is None else torch.where(active[..., None], h_i, run.h_hat)
             if return_pass_logits:
-                pass_logits.append(self.lm_head(self._unflatten(h_flat, subset, batch, length)))
+                run.pass_logits.append(self.lm_head(self._unflatten(h_flat, subset, batch, length)))
             if i == K:
                 break
             if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass
                 E = self._unflatten(state_flat, subset, batch, length)
-                exit_pass = exit_pass + 1
+                run.exit_pass = run.exit_pass + 1
                 continue
             if not cfg.ponders:
                 break
-            s = None
-            if cfg.gated and not (gate_warmup is not None and gate_warmup.bypass):
-                s_flat = self.gates[i - 1](h_flat, None if gate_warmup is None else gate_warmup.logit_floor)  # A5
-                s = self._unflatten(s_flat, subset, batch, length)
-                gate_values.append(torch.where(active, s, torch.zeros_like(s)))
-                gate_masks.append(active & valid)
-                if gate_warmup is not None and not gate_warmup.halting:
-                    next_active = active
-                elif halting_policy is None:
-                    next_active = active & (s >= tau).detach()  # A6 (no gradient through 1[·])
-                else:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
-                    next_active = active & halting_policy(i, active, s.detach(), valid).bool()
-            else:
-                next_active = active
+            s, next_active = self._halt(i, h_flat, subset, active, valid, tau, halting_policy, gate_warmup, run)
             # Without gradients, the tokens that go on — pondered now, computed by the next pass — are found
             # once, with the pass's only host synchronisation (none while no gate can halt a token).
             going_on = None if grad or next_active is active else TokenSubset.from_mask(next_active)
             E = self._ponder_update(E, h_flat, s, next_active, subset, going_on, grad)  # A4, A7
-            exit_pass = exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
+            run.exit_pass = run.exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
             active = next_active
             compact = compact_ok and going_on is not None and going_on.num_tokens < batch * length
             subset = going_on if compact else None
+        while len(run.active_fraction) < K:
+            run.active_fraction.append(run.active_fraction[-1] * 0)
+        return run
 
-        while len(active_fraction) < K:
-            active_fraction.append(active_fraction[-1] * 0)
-        if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
-            h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
-            pass_logits = [z[:, stride - 1::stride] for z in pass_logits]
-            length = length // stride
-        targets = self._targets(labels, shift_labels)
-        if not return_logits:  # training: A10 chunked, the [B, T, V] logits never exist
-            logits = None
+    def _halt(self, i: int, h_flat, subset, active, valid, tau: float, halting_policy, gate_warmup, run: "_PassRun"):
+        """Gate and halting mask after pass ``i`` (A5, A6): ``(s, m^{i+1})`` — ``s`` None where no gate weighs the
+        feedback (PonderLM, a gate bypassed in the warm-up). The gate values of the active tokens go to ``run``
+        for the ponder loss (A11)."""
+        if not self.config.gated or (gate_warmup is not None and gate_warmup.bypass):
+            return None, active
+        batch, length = active.shape
+        s_flat = self.gates[i - 1](h_flat, None if gate_warmup is None else gate_warmup.logit_floor)  # A5
+        s = self._unflatten(s_flat, subset, batch, length)
+        run.gate_values.append(torch.where(active, s, torch.zeros_like(s)))
+        run.gate_masks.append(active & valid)
+        if gate_warmup is not None and not gate_warmup.halting:
+            return s, active
+        if halting_policy is not None:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
+            return s, active & halting_policy(i, active, s.detach(), valid).bool()
+        return s, active & goes_on(s, tau)  # A6
+
+    def _exit_logits_and_loss(self, h_hat, targets, return_logits: bool, logits_to_keep, length: int):
+        """``(logits, lm_loss)`` from the exit-pass states (A9, A10). Training (``return_logits=False``) computes the
+        loss in chunks and never builds the ``[B, T, V]`` logits."""
+        device = h_hat.device
+        if not return_logits:
             lm_loss = None if targets is None else linear_cross_entropy(
                 h_hat.reshape(-1, h_hat.shape[-1]), self.lm_head.weight, targets.reshape(-1).to(device),
-                cfg.ponder_chunk_size)
-        else:
-            if logits_to_keep and targets is None:  # generate(): only the last logits are needed
-                h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
-            logits = self.lm_head(h_hat)
-            lm_loss = None if targets is None else F.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), ignore_index=-100)
-            if logits_to_keep and logits.shape[1] == length:
-                logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
-
-        gv = gm = None
-        if gate_values:
-            gv = torch.stack(gate_values, dim=-1)
-            gm = torch.stack(gate_masks, dim=-1)
-            if gv.shape[-1] < K - 1:  # stopped early: the remaining gates were never evaluated
-                pad = K - 1 - gv.shape[-1]
-                gv = F.pad(gv, (0, pad))
-                gm = F.pad(gm, (0, pad))
-        return AdaPonderCausalLMOutput(
-            loss=lm_loss,
-            logits=logits,
-            cache=cache,
-            lm_loss=lm_loss,
-            exit_pass=exit_pass,
-            gate_values=gv,
-            gate_mask=gm,
-            active_fraction=torch.stack(active_fraction),
-            pass_logits=tuple(pass_logits) if return_pass_logits else None,
-        )
+                self.config.ponder_chunk_size)
+            return None, lm_loss
+        if logits_to_keep and targets is None:  # generate(): only the last logits are needed
+            h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
+        logits = self.lm_head(h_hat)
+        lm_loss = None if targets is None else F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), ignore_index=-100)
+        if logits_to_keep and logits.shape[1] == length:
+            logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
+        return logits, lm_loss
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
         """``GenerationMixin.generate`` after :meth:`forward`'s input checks: transformers' own code would
@@ -645,9 +568,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         q_slot = torch.arange(past, past + length, device=device).expand(batch, length)
         full_mask = None
         if impl == "eager" or key_padding is not None or (past > 0 and length > 1):
-            full_mask = _attention_mask(q_slot, past + length, key_padding, impl, x0.dtype)
+            full_mask = causal_slot_mask(q_slot, past + length, key_padding, impl, x0.dtype)
         cos, sin = self.gpt_neox.rotary_emb(x0, position_ids)
-        E0 = x0 * cfg.first_pass_scale if cfg.first_pass_scale != 1.0 else x0  # E⁰ = c·Ẽ[x] (A1)
+        E0 = first_input(x0, cfg.first_pass_scale)  # E⁰ = c·Ẽ[x] (A1)
         return PassContext(x0, E0, batch, length, past, valid, key_padding, full_mask, (cos, sin), impl)
 
     def run_pass(self, E, ctx: "PassContext", pass_idx: int, aligner: KVAligner | None = None,
@@ -668,9 +591,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             hidden = subset.gather(E)[None]
             rope = (subset.gather(cos)[None], subset.gather(sin)[None])
             kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
-            mask = _attention_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
+            mask = causal_slot_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
             extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}
-            attention = _attention_implementation(self.config, PACKED_ATTENTION)
+            attention = routed_attention(self.config, PACKED_ATTENTION)
         else:
             hidden, mask, rope, extra = E, ctx.full_mask, ctx.rope, {}
 
@@ -701,8 +624,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         batch, length = E.shape[:2]
         if grad:
             e = self._unflatten(self.ponder_from_hidden(h_flat), subset, batch, length)
-            step = 1.0 if s is None else (next_active.to(s.dtype) * s).to(E.dtype)[..., None]
-            return E + step * e
+            return E + gate_weighted(e, None if s is None else next_active.to(s.dtype) * s)  # m^{i+1}·s^i·e^i
         if going_on is None:
             return E + self.ponder_from_hidden(h_flat).reshape(batch, length, -1)
         n = going_on.num_tokens
@@ -716,8 +638,7 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             rows = torch.nonzero_static(next_active[subset.b_idx, subset.t_idx], size=n).squeeze(1)
         b_idx, t_idx = going_on.b_idx, going_on.t_idx
         e = self.ponder_from_hidden(h_flat if rows is None else h_flat.index_select(0, rows))
-        if s is not None:
-            e = e * s[b_idx, t_idx].to(e.dtype)[:, None]
+        e = gate_weighted(e, None if s is None else s[b_idx, t_idx])
         if n == batch * length:  # all of them (row-major order): no gather/scatter of E
             return E + e.reshape(batch, length, -1)
         return E.index_put((b_idx, t_idx), E[b_idx, t_idx] + e)
