@@ -54,16 +54,39 @@ class PassContext:
 
 
 @dataclass
-class _PassRun:
-    """What the pass loop accumulates for the output: exit passes (A8), exit-pass states (A9), gate values and
-    their pool (A11), the share of tokens active in each pass, and (on request) every pass's logits."""
+class PassRun:
+    """The state of the pass loop (:meth:`AdaPonderForCausalLM.run_passes`) and what it accumulates for the output:
+    the next pass's input ``E`` and active mask ``m`` (A2, A7), exit passes (A8), exit-pass states (A9), gate values
+    and their pool (A11), the share of tokens active in each pass, and (on request) every pass's logits.
+    ``next_pass`` is the pass the loop would run next (``K + 1`` once it is done); ``subset`` the tokens that pass
+    computes when compacting (A16), None for all of them."""
 
+    E: torch.Tensor
+    active: torch.Tensor
     exit_pass: torch.Tensor
     h_hat: torch.Tensor | None = None
+    next_pass: int = 1
+    subset: TokenSubset | None = None
     gate_values: list = dataclasses.field(default_factory=list)
     gate_masks: list = dataclasses.field(default_factory=list)
     active_fraction: list = dataclasses.field(default_factory=list)
     pass_logits: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def start(cls, ctx: PassContext) -> "PassRun":
+        """Before pass 1: every token active (m¹ = 1, A2), input E⁰ (A1)."""
+        ones = torch.ones(ctx.batch, ctx.length, dtype=torch.bool, device=ctx.E0.device)
+        return cls(ctx.E0, ones, ones.long())
+
+    @classmethod
+    def resume(cls, E, active, exit_pass, h_hat, next_pass: int, compact: bool) -> "PassRun":
+        """A loop stopped before ``next_pass`` (e.g. tokens drafted with the first passes, concatenated along the
+        sequence), to be continued over all its tokens at once. ``compact``: the next pass computes only the
+        active tokens (no gradients; one host synchronisation here)."""
+        subset = TokenSubset.from_mask(active) if compact and not torch.is_grad_enabled() else None
+        if subset is not None and subset.num_tokens == active.numel():
+            subset = None
+        return cls(E, active, exit_pass, h_hat, next_pass, subset)
 
     def gate_tensors(self, num_passes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``[B, T, K-1]`` gate values and pool mask, zero-padded where the loop stopped before a gate ran."""
@@ -390,8 +413,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             input_ids = None
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
         compact_ok = compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
-        run = self._run_passes(ctx, KVAligner(cfg.num_hidden_layers, cache), tau, compact_ok, halting_policy,
-                               gate_warmup, return_pass_logits)
+        run = self.run_passes(ctx, KVAligner(cfg.num_hidden_layers, cache), tau=tau, compact_ok=compact_ok,
+                              halting_policy=halting_policy, gate_warmup=gate_warmup,
+                              return_pass_logits=return_pass_logits)
         h_hat, exit_pass, pass_logits, length = run.h_hat, run.exit_pass, run.pass_logits, ctx.length
         if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
             h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
@@ -412,25 +436,31 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             pass_logits=tuple(pass_logits) if return_pass_logits else None,
         )
 
-    def _run_passes(self, ctx: "PassContext", aligner: KVAligner, tau: float, compact_ok: bool, halting_policy,
-                    gate_warmup: GateWarmup | None, return_pass_logits: bool) -> "_PassRun":
-        """The K passes (A2–A9): run the stack on the tokens still active, keep each token's exit-pass state,
-        then gate, halt and feed back (:meth:`_halt`, :meth:`_ponder_update`) before the next pass."""
+    def run_passes(self, ctx: "PassContext", aligner: KVAligner, run: PassRun | None = None, last: int | None = None,
+                   *, tau: float | None = None, compact_ok: bool = False, halting_policy=None,
+                   gate_warmup: GateWarmup | None = None, return_pass_logits: bool = False) -> PassRun:
+        """Passes ``run.next_pass .. last`` (default: from pass 1 to K; A2–A9): run the stack on the tokens still
+        active, keep each token's exit-pass state, then gate, halt and feed back (:meth:`_halt`,
+        :meth:`_ponder_update`) before the next pass — also after ``last`` when it is below K, so that a later call
+        can continue from the returned state (self-speculative decoding drafts with the first passes and verifies
+        with the rest). ``tau`` defaults to the config's."""
         cfg = self.config
-        batch, length, valid, K = ctx.batch, ctx.length, ctx.valid, cfg.num_passes
-        run = _PassRun(torch.ones(batch, length, dtype=torch.long, device=ctx.x0.device))
-        E = ctx.E0
-        active = torch.ones(batch, length, dtype=torch.bool, device=E.device)  # m¹ = 1 (A2)
+        K = cfg.num_passes
+        last = K if last is None else min(last, K)
+        tau = cfg.halting_threshold if tau is None else tau
+        run = PassRun.start(ctx) if run is None else run
+        batch, length, valid = ctx.batch, ctx.length, ctx.valid
         n_valid = valid.sum().clamp(min=1)
         grad = torch.is_grad_enabled()
-        subset = None  # the tokens pass i computes when compacting (A16); None: all of them
-        for i in range(1, K + 1):
+        for i in range(run.next_pass, last + 1):
+            active, subset = run.active, run.subset
             run.active_fraction.append((active & valid).sum() / n_valid)
             if subset is not None and subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
-                for j in range(i, K + 1):
+                for j in range(i, last + 1):
                     aligner.carry_forward(j)
+                run.next_pass = last + 1
                 break
-            h_flat, state_flat = self.run_pass(E, ctx, i, aligner, active if i > 1 else None, subset)
+            h_flat, state_flat = self.run_pass(run.E, ctx, i, aligner, active if i > 1 else None, subset)
             # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
             # keeping a B×T×V logits tensor per pass.
             if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
@@ -440,28 +470,31 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                 run.h_hat = h_i if run.h_hat is None else torch.where(active[..., None], h_i, run.h_hat)
             if return_pass_logits:
                 run.pass_logits.append(self.lm_head(self._unflatten(h_flat, subset, batch, length)))
+            run.next_pass = i + 1
             if i == K:
                 break
             if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass
-                E = self._unflatten(state_flat, subset, batch, length)
+                run.E = self._unflatten(state_flat, subset, batch, length)
                 run.exit_pass = run.exit_pass + 1
                 continue
             if not cfg.ponders:
+                run.next_pass = K + 1
                 break
             s, next_active = self._halt(i, h_flat, subset, active, valid, tau, halting_policy, gate_warmup, run)
             # Without gradients, the tokens that go on — pondered now, computed by the next pass — are found
             # once, with the pass's only host synchronisation (none while no gate can halt a token).
             going_on = None if grad or next_active is active else TokenSubset.from_mask(next_active)
-            E = self._ponder_update(E, h_flat, s, next_active, subset, going_on, grad)  # A4, A7
+            run.E = self._ponder_update(run.E, h_flat, s, next_active, subset, going_on, grad)  # A4, A7
             run.exit_pass = run.exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
-            active = next_active
+            run.active = next_active
             compact = compact_ok and going_on is not None and going_on.num_tokens < batch * length
-            subset = going_on if compact else None
-        while len(run.active_fraction) < K:
-            run.active_fraction.append(run.active_fraction[-1] * 0)
+            run.subset = going_on if compact else None
+        if run.next_pass > K:
+            while len(run.active_fraction) < K:
+                run.active_fraction.append(run.active_fraction[-1] * 0)
         return run
 
-    def _halt(self, i: int, h_flat, subset, active, valid, tau: float, halting_policy, gate_warmup, run: "_PassRun"):
+    def _halt(self, i: int, h_flat, subset, active, valid, tau: float, halting_policy, gate_warmup, run: PassRun):
         """Gate and halting mask after pass ``i`` (A5, A6): ``(s, m^{i+1})`` — ``s`` None where no gate weighs the
         feedback (PonderLM, a gate bypassed in the warm-up). The gate values of the active tokens go to ``run``
         for the ponder loss (A11)."""
@@ -496,13 +529,42 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
             logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
         return logits, lm_loss
 
-    def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
+    def generate(self, inputs: torch.Tensor | None = None, *args, speculative=None, **kwargs):
         """``GenerationMixin.generate`` after :meth:`forward`'s input checks: transformers' own code would
-        index an empty prompt, or embed an id outside the vocabulary, before any forward runs."""
+        index an empty prompt, or embed an id outside the vocabulary, before any forward runs.
+
+        ``speculative=SpeculativeConfig(draft_passes=P, draft_tokens=γ)`` decodes self-speculatively instead
+        (:mod:`.speculative`: draft with the first P passes, verify with the rest): the same tokens greedily, the
+        same distribution when sampling. It takes ``attention_mask``, ``max_new_tokens``, ``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``halting_threshold`` and
+        ``generator``."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
             self._check_inputs(ids, None, None, None)
+        if speculative is not None:
+            return self._generate_speculative(ids, speculative, *args, **kwargs)
         return super().generate(inputs, *args, **kwargs)
+
+    def _generate_speculative(self, ids, speculative, *args, **kwargs):
+        from .speculative import SelfSpeculativeDecoder
+
+        taken = ("attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
+                 "pad_token_id", "generator")
+        other = sorted(set(kwargs) - set(taken) - {"input_ids", "halting_threshold"})
+        if args or other:
+            raise TypeError(f"speculative generation takes {', '.join(taken)} and halting_threshold; "
+                            f"got {', '.join(other) or 'positional arguments'}")
+        gen = self.generation_config
+        kwargs.setdefault("max_new_tokens", gen.max_new_tokens or 20)
+        kwargs.setdefault("eos_token_id", gen.eos_token_id)
+        kwargs.setdefault("pad_token_id", gen.pad_token_id)
+        if isinstance(kwargs["eos_token_id"], (list, tuple)):
+            kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
+        decoder = SelfSpeculativeDecoder(self, speculative, halting_threshold=kwargs.pop("halting_threshold", None))
+        kwargs.pop("input_ids", None)
+        out = decoder.generate(ids, **kwargs)
+        self.speculative_stats = decoder.stats
+        return out
 
     # -- pieces of the pass loop ---------------------------------------------------------------
     def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels) -> None:
@@ -541,12 +603,15 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         )
 
     def pass_context(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
-                     cache: PonderCache | None = None) -> "PassContext":
-        """Everything a pass needs besides its input: embeddings, masks, rotary tables (A1, A2)."""
+                     cache: PonderCache | None = None, past: int | None = None) -> "PassContext":
+        """Everything a pass needs besides its input: embeddings, masks, rotary tables (A1, A2). ``past``: the
+        cached positions before these tokens (default: the cache's length; the passes of a self-speculative
+        verification start where the last pass's cache ends, behind the drafted first passes)."""
         cfg = self.config
         x0 = self.gpt_neox.embed_in(input_ids) if inputs_embeds is None else inputs_embeds
         batch, length = x0.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
+        if past is None:
+            past = cache.get_seq_length() if cache is not None else 0
         device = x0.device
         if attention_mask is not None and attention_mask.shape[-1] not in (length, past + length):
             raise ValueError(

@@ -133,6 +133,13 @@ class PonderCache(Cache):
             return keys, values
         return layer.update(keys, values)
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every (pass, layer) (a rejected speculative block is dropped);
+        the room behind them stays reserved, so the next append writes in place."""
+        for layer in self.layers:
+            if layer.is_initialized and layer.get_seq_length() > length:
+                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:  # every (pass, layer) holds the same tokens
         return self.layers[0].get_seq_length() if self.layers[0].is_initialized else 0
 

@@ -1,0 +1,245 @@
+"""Self-speculative decoding across passes: draft with the first passes, verify with the rest in one forward.
+
+The first pass of a looped model is a language model of its own, and pass p of token t depends only on passes
+≤ p of tokens ≤ t, so the first-pass keys and values that a draft computes are exactly the ones the full model
+needs. A cycle, for every row, from its pending token ``y₀`` (chosen by the full model, not yet run):
+
+1. **draft** ``γ`` tokens: run passes ``1..P`` on ``y_j`` (writing those passes' K/V into the cache) and take the
+   next token ``y_{j+1}`` from the draft distribution — the logits of each token's state after pass ``P`` (its
+   exit state when it already halted, A9);
+2. **verify**: run passes ``P+1..K`` over the ``γ`` drafted positions in one forward — the pass loop continued from
+   the drafts' states (:meth:`~.modeling_adaponder.AdaPonderForCausalLM.run_passes`), with the same K/V reuse and
+   halting as ordinary decoding (A15) — giving the full model's distribution at each of them;
+3. **accept** the longest prefix the full model agrees with (greedy: the same argmax; sampling: the speculative
+   acceptance rule, which keeps the model's distribution), take the full model's token at the first
+   disagreement, and roll the cache back behind it.
+
+A token that halts within the draft passes (AdaPonder) has its final distribution already: its draft is accepted
+by construction and the verification computes nothing for it (compaction, A16).
+
+Rows accept different numbers of tokens; the cache is one rectangle, so every row advances by the smallest
+number of verified tokens in the cycle (a row keeps the first tokens of its verified run; what it verified beyond
+them is drafted again). Greedy output is then token for token that of ordinary cached decoding, and the cache after
+a run holds what ordinary decoding would have written.
+
+This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .ponder_cache import KVAligner, PonderCache
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle)."""
+
+    draft_passes: int = 1
+    draft_tokens: int = 4
+
+    def check(self, num_passes: int) -> None:
+        problems = []
+        if not 1 <= self.draft_passes < num_passes:
+            problems.append(f"draft_passes must lie in [1, K) = [1, {num_passes}), got {self.draft_passes}")
+        if self.draft_tokens < 1:
+            problems.append(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
+class SpeculativeStats:
+    """What the cycles did: ``cycles``; ``drafted`` tokens drafted and ``accepted`` of them kept (summed over rows);
+    ``emitted`` tokens added (summed over rows); ``uneven`` cycles in which rows verified different numbers of
+    tokens (every row then advanced by the smallest); ``advances`` the tokens per row of each cycle."""
+
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    uneven: int = 0
+    advances: list = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def mean_advance(self) -> float:
+        """Tokens per row per cycle (every row advances alike)."""
+        return sum(self.advances) / len(self.advances) if self.advances else float("nan")
+
+
+def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+         top_p: float | None = None) -> torch.Tensor:
+    """Log-probabilities after temperature, top-k and top-p, in that order (transformers' warpers' order and
+    rules: top-p keeps the smallest set whose probability reaches ``top_p``, at least one token)."""
+    scores = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if top_k is not None and 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = torch.sort(scores, dim=-1, descending=False)
+        cum = ordered.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+class SelfSpeculativeDecoder:
+    """``SelfSpeculativeDecoder(model, SpeculativeConfig(draft_passes=1, draft_tokens=4)).generate(ids, ...)``.
+
+    For ``ponderlm``, ``loop`` and ``adaponder`` models (K ≥ 2). ``halting_threshold``: τ of A6 for this decoder
+    (default: the config's, which is not written).
+    """
+
+    def __init__(self, model, config: SpeculativeConfig | None = None, halting_threshold: float | None = None):
+        from .configuration_adaponder import check_halting_threshold
+
+        cfg = model.config
+        if cfg.mode not in ("ponderlm", "loop", "adaponder") or cfg.num_passes < 2:
+            raise ValueError(f"self-speculative decoding needs a looped model (ponderlm, loop or adaponder with "
+                             f"K >= 2); this one is {cfg.mode!r} with K = {cfg.num_passes}")
+        self.model = model
+        self.config = config or SpeculativeConfig()
+        self.config.check(cfg.num_passes)
+        self.tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
+        self.stats = SpeculativeStats()
+
+    # -- the public call --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 32,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, generator: torch.Generator | None = None,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 cache: PonderCache | None = None) -> torch.Tensor:
+        """``[B, T + max_new_tokens]``: the prompts (left padding marked by ``attention_mask``) and the new tokens.
+        Greedy by default; ``do_sample`` samples with ``temperature``/``top_k``/``top_p`` (:func:`warp`). After a
+        row's ``eos_token_id`` the rest of its row is ``pad_token_id`` (as transformers' ``generate`` pads it);
+        decoding stops once every row has one. ``cache``: an empty :class:`PonderCache` to fill (e.g. to inspect
+        it afterwards)."""
+        model = self.model
+        self.stats = SpeculativeStats()
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be [batch, length] with length >= 1, got {tuple(input_ids.shape)}")
+        batch, length = input_ids.shape
+        limit = model.config.max_position_embeddings
+        if length + max_new_tokens > limit:
+            raise ValueError(f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
+        self._choose = (lambda logp: self._sample(logp, generator)) if do_sample else (lambda logp: logp.argmax(-1))
+        self._warp = (lambda z: warp(z, temperature, top_k, top_p)) if do_sample else (lambda z: z.float())
+        self.do_sample, self.generator = do_sample, generator
+        cache = cache if cache is not None else PonderCache(model.config.num_passes, model.config.num_hidden_layers)
+        out = model(input_ids, attention_mask=mask, position_ids=_positions(mask, 0, length), cache=cache,
+                    use_cache=True, halting_threshold=self.tau)
+        tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
+        produced = 1
+        finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
+        while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
+            new = self._cycle(tokens[-1][:, -1], mask, cache, min(self.config.draft_tokens, max_new_tokens - produced))
+            mask = torch.cat([mask, mask.new_ones(batch, new.shape[1])], dim=1)
+            tokens.append(new)
+            produced += new.shape[1]
+            if finished is not None:
+                finished = finished | (new == eos_token_id).any(1)
+        new = torch.cat(tokens, dim=1)[:, :max_new_tokens]
+        if eos_token_id is not None:
+            after = (new == eos_token_id).long().cumsum(1) - (new == eos_token_id).long() > 0
+            new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
+        return torch.cat([input_ids, new], dim=1)
+
+    # -- one cycle -----------------------------------------------------------------------------------------------
+    def _cycle(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache, gamma: int) -> torch.Tensor:
+        """Draft ``gamma`` tokens after each row's ``pending`` one, verify them, keep the agreed prefix; returns the
+        tokens every row adds (``[B, m]``, 1 ≤ m ≤ gamma), the last of them the next pending token."""
+        model, P = self.model, self.config.draft_passes
+        n = cache.pass_layer(model.config.num_passes, 0).get_seq_length()  # positions every pass holds
+        ids, runs, draft_logp = [pending.reshape(-1)], [], []
+        for j in range(gamma):  # 1. draft: passes 1..P, one token per row
+            step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], j + 1)], dim=1)
+            ctx = model.pass_context(ids[-1][:, None], step_mask, _positions(step_mask, n + j, 1), cache=cache,
+                                     past=n + j)
+            run = model.run_passes(ctx, KVAligner(model.config.num_hidden_layers, cache), last=P, tau=self.tau,
+                                   compact_ok=model.config.compact_inference)
+            runs.append(run)
+            logp = self._warp(model.lm_head(run.h_hat[:, -1]))
+            draft_logp.append(logp)
+            ids.append(self._choose(logp))
+        block = torch.stack(ids[:gamma], dim=1)  # y_0 .. y_{γ-1}: the inputs of the drafted positions
+        drafts = torch.stack(ids[1:], dim=1)  # y_1 .. y_γ
+        full_logp = self._verify(block, runs, mask, cache, n)  # 2. verify: passes P+1..K, one forward
+        keep, correction, accepted = self._accept(drafts, torch.stack(draft_logp, 1), full_logp)  # 3. accept
+        advance = int(keep.min())
+        new = torch.where(torch.arange(gamma, device=drafts.device)[None] == keep[:, None] - 1, correction, drafts)
+        cache.truncate(n + advance)
+        self.stats.cycles += 1
+        self.stats.drafted += drafts.numel()
+        self.stats.accepted += int(accepted.sum())
+        self.stats.emitted += advance * drafts.shape[0]
+        self.stats.advances.append(advance)
+        self.stats.uneven += int(int(keep.max()) != advance)
+        return new[:, :advance]
+
+    def _verify(self, block, runs, mask, cache: PonderCache, n: int) -> torch.Tensor:
+        """The full model's (warped) log-probabilities at the drafted positions, ``[B, γ, V]``: passes P+1..K over
+        the block, continued from the drafts' states; passes 1..P of the block come from the cache as written by
+        the drafts (their aligned K/V are what pass P+1 reuses for tokens that halted, A15)."""
+        from .modeling_adaponder import PassRun
+
+        model, P = self.model, self.config.draft_passes
+        gamma = block.shape[1]
+        full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], gamma)], dim=1)
+        ctx = model.pass_context(block, full_mask, _positions(full_mask, n, gamma), cache=cache, past=n)
+        aligner = KVAligner(model.config.num_hidden_layers, cache)
+        for layer in range(model.config.num_hidden_layers):
+            k, v = cache.view(P, layer)
+            aligner.fresh[(P, layer)] = (k[:, :, n:n + gamma], v[:, :, n:n + gamma])
+        cat = lambda name: torch.cat([getattr(r, name) for r in runs], dim=1)  # noqa: E731
+        run = PassRun.resume(cat("E"), cat("active"), cat("exit_pass"), cat("h_hat"), P + 1,
+                             compact=model.config.compact_inference and ctx.impl != "flash_attention_2")
+        run = model.run_passes(ctx, aligner, run, tau=self.tau, compact_ok=model.config.compact_inference)
+        return self._warp(model.lm_head(run.h_hat))
+
+    def _accept(self, drafts, draft_logp, full_logp):
+        """Per row: how many of the γ tokens it verifies (``keep``: the accepted prefix, plus the full model's own
+        token at the first disagreement), the token to emit there (``correction``), and ``accepted`` drafts."""
+        gamma = drafts.shape[1]
+        if not self.do_sample:
+            target = full_logp.argmax(-1)
+            agree = drafts == target
+            correction = target
+        else:  # keep y with probability min(1, p(y)/q(y)); else draw from norm(max(0, p - q))
+            p_y = full_logp.gather(-1, drafts[..., None]).squeeze(-1)
+            q_y = draft_logp.gather(-1, drafts[..., None]).squeeze(-1)
+            u = torch.rand(drafts.shape, device=drafts.device, generator=self.generator)
+            agree = u.log() < (p_y - q_y).clamp(max=0)
+            residual = (full_logp.exp() - draft_logp.exp()).clamp(min=0)
+            fallback = residual.sum(-1, keepdim=True) <= 0  # p == q: any rejection is impossible; keep p
+            residual = torch.where(fallback, full_logp.exp(), residual)
+            correction = torch.multinomial(residual.reshape(-1, residual.shape[-1]), 1,
+                                           generator=self.generator).reshape(drafts.shape)
+        accepted = torch.cumprod(agree.long(), dim=1).sum(1)  # length of the agreed prefix
+        keep = torch.clamp(accepted + 1, max=gamma)
+        correction = torch.where(agree, drafts, correction)
+        return keep, correction, accepted
+
+    def _sample(self, logp: torch.Tensor, generator) -> torch.Tensor:
+        return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+
+
+def _positions(mask: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """Position ids of slots ``start .. start+count-1``: the number of real tokens before each (left padding does not
+    count), as transformers' ``generate`` numbers them; padding slots get 1."""
+    pos = mask.long().cumsum(-1) - 1
+    pos = pos.masked_fill(mask == 0, 1)
+    return pos[:, start:start + count]
+
+
+__all__ = ["SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "warp"]

@@ -1,0 +1,138 @@
+"""Self-speculative decoding (draft with the first passes, verify with the rest): greedy output and caches equal
+ordinary decoding's; sampling keeps the model's distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config
+from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig, warp
+
+SHAPE = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
+             max_position_embeddings=128)
+TAU = 0.5
+
+
+def make(mode, vocab=97, seed=0):
+    torch.manual_seed(seed)
+    model = AdaPonderForCausalLM(pythia_config("tiny", mode=mode, passes=3, vocab_size=vocab, **SHAPE)).eval()
+    if mode == "adaponder":  # gates that halt a share of the tokens at τ = 0.5
+        with torch.no_grad():
+            for gate in model.gates:
+                for p in gate.parameters():
+                    p.normal_(0, 0.5)
+    return model
+
+
+def prompts(batch=3, length=6, seed=1):
+    ids = torch.randint(1, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding of different widths
+    mask[2, :4] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("mode", ["ponderlm", "loop", "adaponder"])
+@pytest.mark.parametrize("draft_passes,draft_tokens", [(1, 1), (1, 4), (2, 3)])
+def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens):
+    model = make(mode)
+    ids, mask = prompts()
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, halting_threshold=TAU,
+                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=14, halting_threshold=TAU, pad_token_id=0,
+                             speculative=SpeculativeConfig(draft_passes, draft_tokens))
+    assert torch.equal(out, ref)
+    stats = model.speculative_stats
+    assert stats.cycles > 0 and stats.drafted > 0
+    assert stats.accepted <= stats.drafted
+    if (draft_passes, draft_tokens) == (1, 4):  # pass 1 of a random model is a poor draft: both branches ran
+        assert 0 < stats.accepted < stats.drafted
+        assert stats.uneven > 0  # rows verified different numbers of tokens in some cycle
+
+
+def ordinary_cache(model, ids, mask, new_tokens):
+    """The cache of plain cached decoding: the prompt, then each new token but the last, one at a time."""
+    cache = PonderCache(model.config.num_passes, model.config.num_hidden_layers)
+    full = torch.cat([mask, torch.ones_like(new_tokens)], dim=1)
+    pos = (full.cumsum(-1) - 1).masked_fill(full == 0, 1)
+    T = ids.shape[1]
+    model(ids, attention_mask=mask, position_ids=pos[:, :T], cache=cache, use_cache=True, halting_threshold=TAU)
+    for j in range(new_tokens.shape[1] - 1):
+        model(new_tokens[:, j:j + 1], attention_mask=full[:, :T + j + 1], position_ids=pos[:, T + j:T + j + 1],
+              cache=cache, use_cache=True, halting_threshold=TAU)
+    return cache
+
+
+def test_the_cache_after_a_speculative_run_equals_ordinary_decodings():
+    model = make("adaponder")
+    ids, mask = prompts()
+    cache = PonderCache(model.config.num_passes, model.config.num_hidden_layers)
+    with torch.no_grad():
+        out = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 3), halting_threshold=TAU).generate(
+            ids, attention_mask=mask, max_new_tokens=10, cache=cache)
+        ref = ordinary_cache(model, ids, mask, out[:, ids.shape[1]:])
+    assert cache.get_seq_length() == ref.get_seq_length() == ids.shape[1] + 9
+    for p in range(1, model.config.num_passes + 1):
+        for layer in range(model.config.num_hidden_layers):
+            for a, b in zip(cache.view(p, layer), ref.view(p, layer)):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_eos_pads_the_rest_of_a_row_as_generate_does():
+    model = make("ponderlm")
+    ids, mask = prompts()
+    with torch.no_grad():
+        free = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        eos = int(free[0, ids.shape[1] + 3])  # a token row 0 emits: the row must end there
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0,
+                             speculative=SpeculativeConfig(1, 4))
+    assert torch.equal(out[:, :ref.shape[1]], ref)
+    assert (out[:, ref.shape[1]:] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["ponderlm", "adaponder"])
+def test_sampling_keeps_the_models_distribution(mode):
+    """Chi-square of the joint (2nd, 3rd) new tokens of 6,000 speculative samples against the model's exact
+    distribution (a vocabulary of 8, so 64 outcomes), with temperature and top-k in play."""
+    vocab, n = 8, 6000
+    model = make(mode, vocab=vocab, seed=3)
+    prompt = torch.tensor([[1, 5, 2, 7, 3]])
+    kw = dict(temperature=0.8, top_k=6)
+    with torch.no_grad():
+        # exact p(y1) p(y2 | y1) p(y3 | y1, y2) over all 512 continuations, marginalised over y1
+        grid = torch.cartesian_prod(*[torch.arange(vocab)] * 3)  # [512, 3]
+        seqs = torch.cat([prompt.expand(len(grid), -1), grid[:, :2]], dim=1)
+        logp = warp(model(seqs, use_cache=False, halting_threshold=TAU).logits[:, -3:], **kw)
+        joint = (logp[:, 0].gather(1, grid[:, :1]) + logp[:, 1].gather(1, grid[:, 1:2])
+                 + logp[:, 2].gather(1, grid[:, 2:3])).exp().squeeze(1)
+        exact = joint.reshape(vocab, vocab * vocab).sum(0)  # over y1: p(y2, y3)
+        decoder = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 2), halting_threshold=TAU)
+        g = torch.Generator().manual_seed(0)
+        out = decoder.generate(prompt.expand(n, -1), max_new_tokens=3, do_sample=True, generator=g, **kw)
+    assert 0.05 < decoder.stats.acceptance_rate < 0.99  # both the accept and the reject branch ran
+    seen = torch.bincount(out[:, -2] * vocab + out[:, -1], minlength=vocab * vocab).double()
+    expected = exact.double() * n
+    keep = expected >= 5  # (the usual rule for the chi-square approximation; the rest pooled)
+    observed = torch.cat([seen[keep], seen[~keep].sum()[None]])
+    expect = torch.cat([expected[keep], expected[~keep].sum()[None]])
+    chi2 = float(((observed - expect) ** 2 / expect.clamp(min=1e-9)).sum())
+    df = int(keep.sum())  # (cells - 1, plus the pooled cell)
+    # the 0.999 quantile of chi-square(df), Wilson–Hilferty
+    z = 3.09
+    limit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    assert chi2 < limit, f"chi2 {chi2:.1f} over {df} degrees of freedom (limit {limit:.1f})"
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match=r"draft_passes must lie in \[1, K\) = \[1, 3\), got 3"):
+        SelfSpeculativeDecoder(make("ponderlm"), SpeculativeConfig(draft_passes=3))
+    with pytest.raises(ValueError, match="needs a looped model"):
+        SelfSpeculativeDecoder(AdaPonderForCausalLM(pythia_config("tiny", mode="vanilla", vocab_size=97, **SHAPE)))
+    with pytest.raises(TypeError, match="speculative generation takes"):
+        make("ponderlm").generate(torch.ones(1, 3, dtype=torch.long), num_beams=2, speculative=SpeculativeConfig())
