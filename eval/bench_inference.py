@@ -24,6 +24,7 @@ round-robin over the gate settings.
     python eval/bench_inference.py                                  # the table of docs/benchmarks.md
     python eval/bench_inference.py --batches 1,8,32 --threads 4 --dtypes fp32
     python eval/bench_inference.py --context 64 --batches 1,2 --new-tokens 2 --repeats 1 --dtypes fp32  # smoke
+    python eval/bench_inference.py --speculative --checkpoint CKPT ...   # self-speculative decoding: bench_speculative.py
 """
 
 from __future__ import annotations
@@ -435,6 +436,12 @@ def print_row(r: dict) -> None:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--speculative" in argv:  # self-speculative vs ordinary cached decoding (bench_speculative.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_speculative import main as speculative_main
+
+        return speculative_main([a for a in argv if a != "--speculative"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="70m", help="Pythia shape (70m, 160m, ..., tiny)")
     ap.add_argument("--context", type=int, default=512, help="prompt length (decoding context)")

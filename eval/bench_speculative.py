@@ -1,0 +1,200 @@
+"""Self-speculative decoding against ordinary cached decoding, side by side in one run (``bench_inference.py
+--speculative`` runs this).
+
+For every model (trained checkpoints given with ``--checkpoint``, and random-weight Pythia shapes with
+``--shapes``), batch size and dtype it decodes the same prompts greedily with
+
+  (o) ordinary cached decoding — the faster of ``model.generate`` and a plain loop of cached forward calls;
+  (s) ``model.generate(..., speculative=SpeculativeConfig(draft_passes, γ))`` for every γ of ``--gammas``,
+
+checks that (s) returns the tokens (o) returns, and prints tokens/s, the
+speed-up (s)/(o) (tokens/s of the whole call, prefill included: the same prefill in both), the acceptance rate (accepted drafts / drafted), tokens per cycle, and the bandwidth model: the
+bytes of weights and K/V a decode reads per token, ordinary (each token's passes) vs speculative (per cycle: γ draft
+steps of P passes, one verification of K − P passes for the block), whose ratio is the speed-up a bandwidth-bound
+decoder would see. Every time is the best of ``--repeats`` round-robin runs.
+
+    python eval/bench_inference.py --speculative --checkpoint runs/study/cpu/adaponder-paper-s1234/hf \\
+        --checkpoint runs/study/cpu/ponderlm-s1234/hf --prompt-text README.md
+    python eval/bench_inference.py --speculative --shapes tiny --batches 1 --dtypes fp32 --new-tokens 8  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config  # noqa: E402
+from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_model(spec: str, dtype: torch.dtype):
+    """A checkpoint folder, or ``shape:MODE`` (random weights, e.g. ``70m:adaponder``)."""
+    if Path(spec).is_dir():
+        model, name = AdaPonderForCausalLM.from_pretrained(spec, dtype=dtype).eval(), spec
+    else:
+        shape, _, mode = spec.partition(":")
+        torch.manual_seed(0)
+        model = AdaPonderForCausalLM(pythia_config(shape, mode=mode or "adaponder", passes=4)).to(dtype).eval()
+        name = f"Pythia-{shape} {mode or 'adaponder'} (random)"
+    model.generation_config.eos_token_id = None  # every row decodes the same number of tokens
+    return model, name
+
+
+def prompts(model, spec: str, text: Path | None, batch: int, length: int) -> torch.Tensor:
+    """``[batch, length]`` prompts: consecutive windows of ``text`` encoded with the checkpoint's tokenizer, or
+    random ids for a random-weight shape."""
+    tok = Path(spec) / "tokenizer.json"
+    if text is not None and tok.is_file():
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(tok)).encode(text.read_text(encoding="utf-8")).ids
+        if len(ids) < batch * length:
+            raise SystemExit(f"{text}: {len(ids)} tokens, fewer than {batch} prompts × {length}")
+        return torch.tensor(ids[:batch * length]).reshape(batch, length)
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.config.vocab_size, (batch, length), generator=g)
+
+
+def plain_decode(model, prompt, new_tokens: int) -> torch.Tensor:
+    """Greedy cached decoding without ``generate``'s machinery: one cached forward per token."""
+    cache = PonderCache(model.config.num_passes, model.config.num_hidden_layers)
+    out = model(prompt, cache=cache, use_cache=True)
+    tokens = [out.logits[:, -1].float().argmax(-1, keepdim=True)]
+    for _ in range(new_tokens - 1):
+        out = model(tokens[-1], cache=cache, use_cache=True)
+        tokens.append(out.logits[:, -1].float().argmax(-1, keepdim=True))
+    return torch.cat([prompt, *tokens], dim=1)
+
+
+def byte_sizes(model) -> tuple[float, float, float]:
+    """Bytes of one pass's layer weights, of W_out (= W_E), and of one position's K/V in every layer."""
+    cfg = model.config
+    item = next(model.parameters()).element_size()
+    return (model.parameter_counts()["non_embedding"] * item, cfg.vocab_size * cfg.hidden_size * item,
+            cfg.num_hidden_layers * 2 * cfg.hidden_size * item)
+
+
+def ordinary_bytes(model, mean_exit: float, context: float) -> float:
+    """Per token: its passes' weights and K/V, the pondering product between passes (W_out and W_E), the head."""
+    layers, head, kv = byte_sizes(model)
+    return mean_exit * (layers + kv * context) + 2 * head * (mean_exit - 1) + head
+
+
+def speculative_bytes(model, config: SpeculativeConfig, gamma_run: float, context: float) -> float:
+    """Per cycle of ``gamma_run`` drafted tokens: each draft step reads P passes, their pondering products and the
+    draft logits; the verification reads K − P passes once for the block (weights and K/V), their pondering
+    products and the head."""
+    layers, head, kv = byte_sizes(model)
+    P, K = config.draft_passes, model.config.num_passes
+    draft = gamma_run * (P * (layers + kv * context) + 2 * head * P)
+    verify = (K - P) * (layers + kv * context) + 2 * head * (K - P - 1) + head
+    return draft + verify
+
+
+def timed(fn, repeats: int):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+@torch.no_grad()
+def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> list[dict]:
+    K, new = model.config.num_passes, args.new_tokens
+    batch, length = prompt.shape
+    model(prompt[:, :4], use_cache=True)  # warm-up
+    t_prefill, _ = timed(lambda: model(prompt, cache=PonderCache(K, model.config.num_hidden_layers),
+                                      use_cache=True), args.repeats)
+    t_gen, ref = timed(lambda: model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                              do_sample=False, pad_token_id=0), args.repeats)
+    t_plain, plain = timed(lambda: plain_decode(model, prompt, new), args.repeats)
+    t_ord = min(t_gen, t_plain)
+    exits = model(torch.cat([prompt, ref[:, length:]], 1), use_cache=False).exit_pass[:, length:]
+    mean_exit = float(exits.float().mean())
+    context = length + new / 2
+    rows = []
+    for gamma in args.gammas:
+        cfg = SpeculativeConfig(args.draft_passes, gamma)
+        decoder = SelfSpeculativeDecoder(model, cfg)
+        t_spec, out = timed(lambda: decoder.generate(prompt, max_new_tokens=new), args.repeats)
+        st = decoder.stats
+        tokens = batch * new
+        per_cycle = st.mean_advance
+        drafted_per_cycle = st.drafted / max(st.cycles, 1) / batch
+        ord_b = ordinary_bytes(model, mean_exit, context)
+        spec_b = speculative_bytes(model, cfg, drafted_per_cycle, context) / max(per_cycle, 1e-9)
+        rows.append(dict(model=name, dtype=dtype_name, batch=batch, K=K, gamma=gamma, draft_passes=cfg.draft_passes,
+                         ordinary_tok_s=tokens / t_ord, speculative_tok_s=tokens / t_spec,
+                         speedup=t_ord / t_spec, same_tokens=bool(torch.equal(out, ref) and torch.equal(plain, ref)),
+                         acceptance=st.acceptance_rate, tokens_per_cycle=per_cycle, mean_exit=mean_exit,
+                         bytes_per_token_ordinary=ord_b, bytes_per_token_speculative=spec_b,
+                         bandwidth_speedup=ord_b / spec_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill))
+        print_row(rows[-1])
+    return rows
+
+
+HEADER = (f"{'model':<34} {'dtype':>5} {'B':>3} {'γ':>2} {'ord tok/s':>9} {'spec tok/s':>10} {'×':>6} "
+          f"{'same':>4} {'accept':>6} {'tok/cyc':>7} {'D̄':>5} {'bytes×':>6}")
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['model'][-34:]:<34} {r['dtype']:>5} {r['batch']:>3} {r['gamma']:>2} {r['ordinary_tok_s']:>9.1f} "
+          f"{r['speculative_tok_s']:>10.1f} {r['speedup']:>6.2f} {'yes' if r['same_tokens'] else 'NO':>4} "
+          f"{r['acceptance']:>6.3f} {r['tokens_per_cycle']:>7.2f} {r['mean_exit']:>5.2f} "
+          f"{r['bandwidth_speedup']:>6.2f}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", action="append", default=[], help="a trained checkpoint folder (repeatable)")
+    ap.add_argument("--shapes", default="", help="random-weight models SHAPE:MODE, comma-separated (e.g. 70m:adaponder)")
+    ap.add_argument("--prompt-text", type=Path, help="text the prompts are taken from (checkpoints with a tokenizer)")
+    ap.add_argument("--context", type=int, default=64, help="prompt length")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per row")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--gammas", default="2,3,4,6,8", help="draft lengths γ, comma-separated")
+    ap.add_argument("--draft-passes", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.gammas = [int(g) for g in args.gammas.split(",")]
+    specs = args.checkpoint + [s for s in args.shapes.split(",") if s]
+    if not specs:
+        ap.error("give --checkpoint and/or --shapes")
+    print(f"self-speculative decoding vs ordinary cached decoding: {torch.get_num_threads()} threads, context "
+          f"{args.context}, {args.new_tokens} new tokens, draft passes {args.draft_passes}")
+    print(HEADER)
+    print("-" * len(HEADER))
+    rows = []
+    for spec in specs:
+        for dtype_name in args.dtypes.split(","):
+            model, name = load_model(spec, DTYPES[dtype_name])
+            for batch in [int(b) for b in args.batches.split(",")]:
+                rows += bench_one(model, name, prompts(model, spec, args.prompt_text, batch, args.context), args,
+                                  dtype_name)
+    print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
+          "whole call (the same prefill in both; prefill alone: prefill_s in --json); × = spec/ord; same = identical greedy tokens; accept = accepted\n"
+          "drafts / drafted; tok/cyc = tokens each row gains per cycle; D̄ = mean exit pass of the decoded tokens;\n"
+          "bytes× = ordinary / speculative bytes read per token (weights and K/V), the speed-up of a bandwidth-bound\n"
+          "decoder.")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
