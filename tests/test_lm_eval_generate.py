@@ -52,3 +52,45 @@ metric_list:
     out = model.generate(ids, max_new_tokens=6, do_sample=False)
     text = tok.decode(out[0, ids.shape[1]:]).split("\n")[0]
     assert samples[0]["resps"][0][0] == text
+
+
+def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(tmp_path, tmp_path_factory):
+    """The ``adaponder`` lm-eval model with ``speculative_draft_tokens``: every generated answer of a
+    generate_until task is the one ordinary decoding gives (greedy)."""
+    import adaponder.evaluation.lm_eval_model  # noqa: F401  (registers "adaponder")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from helpers_evaluation import tiny_checkpoint
+
+    docs = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (10, 5), (7, 7)]]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(json.dumps(d) for d in docs))
+    (tmp_path / "tiny_gen.yaml").write_text(f"""
+task: tiny_generate_spec
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 12
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""")
+    ckpt = tiny_checkpoint(tmp_path_factory)
+    resps = {}
+    for name, extra in [("ordinary", ""), ("speculative", ",speculative_draft_tokens=3")]:
+        res = simple_evaluate(model="adaponder", model_args=f"checkpoint={ckpt}{extra}", tasks=["tiny_generate_spec"],
+                              task_manager=TaskManager(include_path=str(tmp_path)), batch_size=2, device="cpu",
+                              log_samples=True)
+        resps[name] = [s["resps"] for s in sorted(res["samples"]["tiny_generate_spec"], key=lambda s: s["doc_id"])]
+    lm = adaponder.evaluation.lm_eval_model.AdaPonderLM.instances[-1]
+    assert lm.speculative is not None and lm.model.speculative_stats.cycles > 0  # the speculative path ran
+    assert resps["speculative"] == resps["ordinary"]
+    assert any(r[0][0] for r in resps["ordinary"])  # something was generated

@@ -21,6 +21,9 @@ Model arguments (``--model_args k=v,...``):
   baselines) with mean exit pass ``target_mean_exit``; without it, the learned policy's mean exit pass on
   ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus) is used and printed.
 * ``pruning_seed``: seed of the fixed-pruning draws.
+* ``speculative_draft_tokens`` γ (default: off) and ``speculative_draft_passes`` P (default 1): generation tasks
+  decode self-speculatively (:mod:`adaponder.modeling.speculative`; the same greedy output). The halting summary
+  then counts the prompts' positions only: drafts and verifications run the passes without the forward hook.
 * ``batch_size``, ``dtype`` (default ``auto``: the checkpoint's), ``device`` (default: cuda if available),
   and any other ``HFLM`` argument (``max_length``, …).
 
@@ -69,7 +72,7 @@ class AdaPonderLM(HFLM):
     def __init__(self, checkpoint: str | None = None, pretrained=None, passes=None, halting_threshold=None,
                  tau=None, exit_rule: str = "learned", target_mean_exit=None, pruning_seed=0,
                  calibration_data: str | None = None, calibration_tokens=4096, batch_size=1, dtype="auto",
-                 device: str | None = None, **kwargs):
+                 device: str | None = None, speculative_draft_tokens=None, speculative_draft_passes=1, **kwargs):
         ckpt = checkpoint if checkpoint is not None else pretrained
         if ckpt is None:
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
@@ -98,6 +101,12 @@ class AdaPonderLM(HFLM):
         self._row = 0
         model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         model.register_forward_hook(self._post_hook, with_kwargs=True)
+        self.speculative = None
+        if speculative_draft_tokens not in (None, "", "None", 0, "0"):
+            from adaponder.modeling.speculative import SpeculativeConfig
+
+            self.speculative = SpeculativeConfig(_as_int(speculative_draft_passes), _as_int(speculative_draft_tokens))
+            self.speculative.check(model.config.num_passes)
         AdaPonderLM.instances.append(self)
 
     # -- fixed-pruning target ------------------------------------------------------------------------
@@ -152,9 +161,22 @@ class AdaPonderLM(HFLM):
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         self._generating = True
         try:
+            if self.speculative is not None:
+                return self._speculative_generate(context, max_length, **generation_kwargs)
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         finally:
             self._generating = False
+
+    def _speculative_generate(self, context, max_length: int, **kw):
+        """Self-speculative decoding up to ``max_length`` tokens in all; lm-eval cuts the text at the stop
+        sequences afterwards, as it does after ``generate``'s own stopping criteria (which only stop early)."""
+        temperature = float(kw.pop("temperature", 0.0) or 0.0)
+        do_sample = bool(kw.pop("do_sample", temperature > 0))
+        return self.model.generate(context, attention_mask=kw.pop("attention_mask", None),
+                                   max_new_tokens=max(1, max_length - context.shape[1]), do_sample=do_sample,
+                                   temperature=temperature if do_sample else 1.0, top_k=kw.pop("top_k", None),
+                                   top_p=kw.pop("top_p", None), pad_token_id=self.tokenizer.pad_token_id,
+                                   speculative=self.speculative)
 
     # -- summary --------------------------------------------------------------------------------------
     def reset_halting_stats(self) -> None:
