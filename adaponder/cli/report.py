@@ -66,6 +66,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _checked_tasks(args):
+    """``(tasks, task manager)`` of the lm-eval part, checked before any scoring (a misspelt task fails now, not
+    after an hour); ``(None, None)`` with ``--no-lm-eval``."""
+    if args.no_lm_eval:
+        return None, None
+    tasks = expand_tasks(args.tasks)
+    if _eval_data_dir() is None and any(t.startswith("adaponder_") for t in tasks):
+        raise SystemExit("the adaponder_* lm-eval tasks read the benchmarks' original files: set "
+                         "ADAPONDER_EVAL_DATA=/path (see eval/tasks/README.md), name official lm-eval tasks "
+                         "(--tasks lambada_openai,piqa,... download their datasets), or pass --no-lm-eval")
+    tm = task_manager(args.include_path)
+    unknown = unknown_tasks(tasks, tm)
+    if unknown:
+        raise SystemExit(f"unknown lm-eval task(s): {', '.join(unknown)} (not in lm-eval's registry nor in "
+                         f"{args.include_path or 'eval/tasks'})")
+    return tasks, tm
+
+
+def _halting_controls(args, model, docs, score_kw: dict, ctx: dict, out: Path) -> None:
+    """The iso-FLOPs control (fixed pruning at the learned mean exit pass) and the τ dial for a gated model, with
+    their plots, into ``ctx``; for a model without gates, the note that says why they do not apply."""
+    learned, settings, files = ctx["learned"], ctx["settings"], ctx["files"]
+    K = model.config.num_passes
+    gated = model.config.gated and K > 1
+    hists, points = {"learned": learned["exit_histogram"]}, {}
+    if gated and not args.no_iso_flops:
+        target = learned["mean_exit"]
+        print(f"[adaponder-report] iso-FLOPs control at mean exit pass {target:.4f}", flush=True)
+        iso = iso_flops(model, docs, score_kw, target, args.seed)
+        learned["_full_flops"] = iso["no halting"]["flops"]
+        ctx.update(iso=iso, target=target)
+        hists.update({rule: iso[rule]["exit_histogram"] for rule in FIXED_RULES})
+        points = {k: iso[k] for k in (*FIXED_RULES, "no halting", "first pass only")}
+    plots.exit_histogram_png(hists, out / "exit_histogram.png",
+                             title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
+    files.append("exit_histogram.png")
+    if gated and not args.no_dial:
+        taus = parse_taus(args.taus) if args.taus else sorted(set(DEFAULT_TAUS) | {settings.halting_threshold})
+        print(f"[adaponder-report] τ dial over {len(taus)} values", flush=True)
+        ctx["dial"] = sweep_tau(model, docs, taus, **score_kw)
+        plots.ppl_vs_flops_png(ctx["dial"], out / "ppl_vs_flops.png", points=points)
+        files.append("ppl_vs_flops.png")
+    elif not gated:
+        ctx["no_gates_note"] = (f"Mode `{model.config.mode}` with K = {K} has no gates: every token runs all passes, "
+                                "so the iso-FLOPs control and the τ dial do not apply.")
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -80,18 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not data:
         raise SystemExit(f"no held-out data: pass --data FILE/FOLDER (text files or a prepared data folder) or set "
                          f"${HELDOUT_ENV}")
-    tm = tasks = None
-    if not args.no_lm_eval:  # a misspelt task fails now, not after the scoring
-        tasks = expand_tasks(args.tasks)
-        if _eval_data_dir() is None and any(t.startswith("adaponder_") for t in tasks):
-            raise SystemExit("the adaponder_* lm-eval tasks read the benchmarks' original files: set "
-                             "ADAPONDER_EVAL_DATA=/path (see eval/tasks/README.md), name official lm-eval tasks "
-                             "(--tasks lambada_openai,piqa,... download their datasets), or pass --no-lm-eval")
-        tm = task_manager(args.include_path)
-        unknown = unknown_tasks(tasks, tm)
-        if unknown:
-            raise SystemExit(f"unknown lm-eval task(s): {', '.join(unknown)} (not in lm-eval's registry nor in "
-                             f"{args.include_path or 'eval/tasks'})")
+    tasks, tm = _checked_tasks(args)
 
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     settings = settings_of(model, args.checkpoint)
@@ -125,30 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx.update(halting=halting, dump=dump.name, hardest=hardest_tokens(scores, tok, 8) if gated else None)
     plots.nll_by_exit_png(halting, out / "nll_by_exit_pass.png")
     files.append("nll_by_exit_pass.png")
-    hists = {"learned": learned["exit_histogram"]}
-    points = {}
-
-    if gated and not args.no_iso_flops:
-        target = learned["mean_exit"]
-        print(f"[adaponder-report] iso-FLOPs control at mean exit pass {target:.4f}", flush=True)
-        iso = iso_flops(model, docs, score_kw, target, args.seed)
-        learned["_full_flops"] = iso["no halting"]["flops"]
-        ctx.update(iso=iso, target=target)
-        hists.update({rule: iso[rule]["exit_histogram"] for rule in FIXED_RULES})
-        points = {k: iso[k] for k in (*FIXED_RULES, "no halting", "first pass only")}
-    plots.exit_histogram_png(hists, out / "exit_histogram.png",
-                             title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
-    files.append("exit_histogram.png")
-
-    if gated and not args.no_dial:
-        taus = parse_taus(args.taus) if args.taus else sorted(set(DEFAULT_TAUS) | {settings.halting_threshold})
-        print(f"[adaponder-report] τ dial over {len(taus)} values", flush=True)
-        ctx["dial"] = sweep_tau(model, docs, taus, **score_kw)
-        plots.ppl_vs_flops_png(ctx["dial"], out / "ppl_vs_flops.png", points=points)
-        files.append("ppl_vs_flops.png")
-    elif not gated:
-        ctx["no_gates_note"] = (f"Mode `{model.config.mode}` with K = {K} has no gates: every token runs all passes, "
-                                "so the iso-FLOPs control and the τ dial do not apply.")
+    _halting_controls(args, model, docs, score_kw, ctx, out)
 
     if not args.no_lm_eval:
         shots = [int(s) for s in str(args.num_fewshot).split(",") if s.strip()]

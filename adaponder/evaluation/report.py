@@ -252,6 +252,86 @@ def _lm_eval_table(rows: list[dict], shots: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _halting_section(ctx: dict) -> list[str]:
+    """Where the gates spend compute: the exit-pass table, plots, the hardest tokens."""
+    K, lines = ctx["settings"].passes, []
+    if ctx.get("halting") is not None:
+        lines += [
+            "## Halting: where the gates spend compute",
+            "",
+            _halting_table(ctx["halting"]),
+            "",
+            "![exit-pass histogram](exit_histogram.png)",
+            "![mean NLL by exit pass](nll_by_exit_pass.png)",
+            "",
+            f"Per-token dump (document, position, token id, token, exit pass, NLL): `{ctx['dump']}`.",
+            "",
+        ]
+        if ctx.get("hardest"):
+            toks = ", ".join(f"`{json.dumps(h['token'], ensure_ascii=False)[1:-1]}` ({h['count']}, NLL "
+                             f"{h['mean_nll']:.2f})" for h in ctx["hardest"])
+            lines += [f"Most frequent tokens that ran all {K} passes: {toks}.", ""]
+    return lines
+
+
+def _iso_section(ctx: dict) -> list[str]:
+    """Learned gates against fixed pruning at the same mean exit pass."""
+    lines: list[str] = []
+    if ctx.get("iso") is not None:
+        lines += [
+            "## Iso-FLOPs control: learned gates vs fixed pruning",
+            "",
+            f"Fixed pruning (docs/method.md (a), baselines): the same trained model, but after each pass a random subset "
+            f"of the still-active tokens halts (seeded), with per-pass rates chosen so that the exit-pass histogram "
+            f"is uniform or geometric with the learned policy's mean exit pass D = {ctx['target']:.4f}. "
+            f"\"uniform\" puts equal mass on every early exit and the rest on the end (the same number of tokens "
+            f"halts after each pass); \"geometric\" halts a constant fraction p of the active tokens after every "
+            f"pass (p solved for the mean).",
+            "",
+            _iso_table(ctx["learned"], ctx["iso"], ctx["target"]),
+            "",
+            "![exit-pass histograms of the three policies](exit_histogram.png)",
+            "",
+        ]
+    return lines
+
+
+def _dial_section(ctx: dict) -> list[str]:
+    """The τ sweep, or the note saying why there is none."""
+    if ctx.get("dial") is not None:
+        return [
+            "## Compute dial (τ sweep)",
+            "",
+            "A token halts after pass i when its gate s^i < τ: larger τ, fewer passes, fewer FLOPs.",
+            "",
+            dial_table(ctx["dial"]),
+            "",
+            "![perplexity vs FLOPs](ppl_vs_flops.png)",
+            "",
+        ]
+    return [ctx["no_gates_note"], ""] if ctx.get("no_gates_note") else []
+
+
+def _lm_eval_section(ctx: dict) -> list[str]:
+    """The lm-eval tasks' table."""
+    lines: list[str] = []
+    if ctx.get("lm_eval") is not None:
+        limit = ctx["limit"]
+        lines += [
+            "## lm-eval (local offline tasks, `eval/tasks`)",
+            "",
+            f"Model `adaponder` (lm-eval `HFLM` subclass) with the settings above; "
+            f"{'first ' + str(limit) + ' documents per task' if limit else 'full splits'}; "
+            f"value ± bootstrap/standard error. Few-shot examples come from the evaluated split "
+            f"(see `eval/tasks/README.md`). The model's context is {ctx['context']} tokens: lm-eval cuts longer "
+            f"(few-shot) prompts from the left, so shots that do not fit are dropped.",
+            "",
+            _lm_eval_table(ctx["lm_eval"], ctx["shots"]),
+            "",
+        ]
+    return lines
+
+
 def write_markdown(path: Path, ctx: dict) -> None:
     s = ctx["settings"]
     K = s.passes
@@ -283,65 +363,7 @@ def write_markdown(path: Path, ctx: dict) -> None:
         "D head products, D−1 pondering products and min(D, K−1) gate MLPs. " + ONE_PASS_BASELINE + ".",
         "",
     ]
-    if ctx.get("halting") is not None:
-        lines += [
-            "## Halting: where the gates spend compute",
-            "",
-            _halting_table(ctx["halting"]),
-            "",
-            "![exit-pass histogram](exit_histogram.png)",
-            "![mean NLL by exit pass](nll_by_exit_pass.png)",
-            "",
-            f"Per-token dump (document, position, token id, token, exit pass, NLL): `{ctx['dump']}`.",
-            "",
-        ]
-        if ctx.get("hardest"):
-            toks = ", ".join(f"`{json.dumps(h['token'], ensure_ascii=False)[1:-1]}` ({h['count']}, NLL "
-                             f"{h['mean_nll']:.2f})" for h in ctx["hardest"])
-            lines += [f"Most frequent tokens that ran all {K} passes: {toks}.", ""]
-    if ctx.get("iso") is not None:
-        lines += [
-            "## Iso-FLOPs control: learned gates vs fixed pruning",
-            "",
-            f"Fixed pruning (docs/method.md (a), baselines): the same trained model, but after each pass a random subset "
-            f"of the still-active tokens halts (seeded), with per-pass rates chosen so that the exit-pass histogram "
-            f"is uniform or geometric with the learned policy's mean exit pass D = {ctx['target']:.4f}. "
-            f"\"uniform\" puts equal mass on every early exit and the rest on the end (the same number of tokens "
-            f"halts after each pass); \"geometric\" halts a constant fraction p of the active tokens after every "
-            f"pass (p solved for the mean).",
-            "",
-            _iso_table(ctx["learned"], ctx["iso"], ctx["target"]),
-            "",
-            "![exit-pass histograms of the three policies](exit_histogram.png)",
-            "",
-        ]
-    if ctx.get("dial") is not None:
-        lines += [
-            "## Compute dial (τ sweep)",
-            "",
-            "A token halts after pass i when its gate s^i < τ: larger τ, fewer passes, fewer FLOPs.",
-            "",
-            dial_table(ctx["dial"]),
-            "",
-            "![perplexity vs FLOPs](ppl_vs_flops.png)",
-            "",
-        ]
-    elif ctx.get("no_gates_note"):
-        lines += [ctx["no_gates_note"], ""]
-    if ctx.get("lm_eval") is not None:
-        limit = ctx["limit"]
-        lines += [
-            "## lm-eval (local offline tasks, `eval/tasks`)",
-            "",
-            f"Model `adaponder` (lm-eval `HFLM` subclass) with the settings above; "
-            f"{'first ' + str(limit) + ' documents per task' if limit else 'full splits'}; "
-            f"value ± bootstrap/standard error. Few-shot examples come from the evaluated split "
-            f"(see `eval/tasks/README.md`). The model's context is {ctx['context']} tokens: lm-eval cuts longer "
-            f"(few-shot) prompts from the left, so shots that do not fit are dropped.",
-            "",
-            _lm_eval_table(ctx["lm_eval"], ctx["shots"]),
-            "",
-        ]
+    lines += [*_halting_section(ctx), *_iso_section(ctx), *_dial_section(ctx), *_lm_eval_section(ctx)]
     lines += ["## Files", "", *[f"- `{f}`" for f in ctx["files"]], ""]
     path.write_text("\n".join(lines), encoding="utf-8")
 

@@ -270,27 +270,8 @@ class DepthBatchedDecoder:
                 stopped = [i for i, stop in enumerate(halt_h) if stop]
                 self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
-                keep, new_rows, new_tokens = [], [], []
-                for i, b in enumerate(live):
-                    if not halt_h[i]:
-                        passes[i] += 1
-                        keep.append(i)
-                        continue
-                    tokens[b].append(nxt_h[i])
-                    exits[b].append(passes[i])
-                    if not self._done(tokens[b], max_new_tokens, eos_token_id):
-                        passes[i], positions[i] = 1, positions[i] + 1
-                        keep.append(i)
-                        new_rows.append(len(keep) - 1)
-                        new_tokens.append(nxt_h[i])
-                if len(keep) < len(live):
-                    E = E.index_select(0, _index(keep, device))
-                    live = [live[i] for i in keep]
-                    passes = [passes[i] for i in keep]
-                    positions = [positions[i] for i in keep]
-                if new_rows:  # rows that emitted a token start the next one at pass 1 (A1)
-                    E = E.index_copy(0, _index(new_rows, device),
-                                     self._first_input(embed, new_tokens, device))
+                E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
+                                                           lambda t: self._done(t, max_new_tokens, eos_token_id))
 
         fill = eos_token_id if eos_token_id is not None else 0
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
@@ -300,6 +281,31 @@ class DepthBatchedDecoder:
                                   gate_runs, attended, count)
 
     # -- pieces of a tick -------------------------------------------------------------------------------------
+    def _advance(self, E, live, passes, positions, halt_h, nxt_h, tokens, exits, done):
+        """After a tick: rows that go on move to their next pass; rows that halted emit their token (and exit pass)
+        and, unless ``done``, start the next token at pass 1 (A1) one position on; finished rows leave. Returns
+        ``(E, live, passes, positions)`` for the rows still decoding."""
+        keep, new_rows, new_tokens = [], [], []
+        for i, b in enumerate(live):
+            if not halt_h[i]:
+                passes[i] += 1
+                keep.append(i)
+                continue
+            tokens[b].append(nxt_h[i])
+            exits[b].append(passes[i])
+            if not done(tokens[b]):
+                passes[i], positions[i] = 1, positions[i] + 1
+                keep.append(i)
+                new_rows.append(len(keep) - 1)
+                new_tokens.append(nxt_h[i])
+        if len(keep) < len(live):
+            E = E.index_select(0, _index(keep, E.device))
+            live, passes, positions = ([x[i] for i in keep] for x in (live, passes, positions))
+        if new_rows:
+            E = E.index_copy(0, _index(new_rows, E.device),
+                             self._first_input(self.model.gpt_neox.embed_in, new_tokens, E.device))
+        return E, live, passes, positions
+
     @staticmethod
     def _done(tokens: list[int], limit: int, eos: int | None) -> bool:
         return len(tokens) >= limit or (eos is not None and tokens[-1] == eos)

@@ -11,90 +11,24 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import GenerationMixin, GPTNeoXModel, PreTrainedModel
-from transformers import initialization as hf_init
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import PACKED_ATTENTION, causal_slot_mask, routed_attention
+from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
 from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
-from .pass_step import GateOutput, GateWarmup, PonderGate, SkinnyLinear, first_input, gate_weighted, goes_on
+from .cost import CostAccounting
+from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input, gate_weighted, goes_on
+from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
-
-@dataclass
-class PassContext:
-    """Per-call inputs shared by all passes (see ``AdaPonderForCausalLM.pass_context``)."""
-
-    x0: torch.Tensor  # W_E[x], [B, T, d]
-    E0: torch.Tensor  # first-pass input, c·Ẽ[x] (A1)
-    batch: int
-    length: int
-    past: int  # tokens already in the cache
-    valid: torch.Tensor  # [B, T] non-padding
-    key_padding: torch.Tensor | None  # [B, past + T], None when nothing is padded
-    full_mask: torch.Tensor | None  # the attention mask when every token is computed
-    rope: tuple[torch.Tensor, torch.Tensor]
-    impl: str
-
-    def select_rows(self, rows: torch.Tensor) -> "PassContext":
-        """The same context for a subset of the batch (examples that have not exited yet)."""
-        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
-        rope = tuple(t.index_select(0, rows) if t.shape[0] > 1 else t for t in self.rope)
-        return PassContext(pick(self.x0), pick(self.E0), int(rows.numel()), self.length, self.past,
-                           pick(self.valid), pick(self.key_padding), pick(self.full_mask), rope, self.impl)
-
-
-@dataclass
-class PassRun:
-    """The state of the pass loop (:meth:`AdaPonderForCausalLM.run_passes`) and what it accumulates for the output:
-    the next pass's input ``E`` and active mask ``m`` (A2, A7), exit passes (A8), exit-pass states (A9), gate values
-    and their pool (A11), the share of tokens active in each pass, and (on request) every pass's logits.
-    ``next_pass`` is the pass the loop would run next (``K + 1`` once it is done); ``subset`` the tokens that pass
-    computes when compacting (A16), None for all of them."""
-
-    E: torch.Tensor
-    active: torch.Tensor
-    exit_pass: torch.Tensor
-    h_hat: torch.Tensor | None = None
-    next_pass: int = 1
-    subset: TokenSubset | None = None
-    gate_values: list = dataclasses.field(default_factory=list)
-    gate_masks: list = dataclasses.field(default_factory=list)
-    active_fraction: list = dataclasses.field(default_factory=list)
-    pass_logits: list = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def start(cls, ctx: PassContext) -> "PassRun":
-        """Before pass 1: every token active (m¹ = 1, A2), input E⁰ (A1)."""
-        ones = torch.ones(ctx.batch, ctx.length, dtype=torch.bool, device=ctx.E0.device)
-        return cls(ctx.E0, ones, ones.long())
-
-    @classmethod
-    def resume(cls, E, active, exit_pass, h_hat, next_pass: int, compact: bool) -> "PassRun":
-        """A loop stopped before ``next_pass`` (e.g. tokens drafted with the first passes, concatenated along the
-        sequence), to be continued over all its tokens at once. ``compact``: the next pass computes only the
-        active tokens (no gradients; one host synchronisation here)."""
-        subset = TokenSubset.from_mask(active) if compact and not torch.is_grad_enabled() else None
-        if subset is not None and subset.num_tokens == active.numel():
-            subset = None
-        return cls(E, active, exit_pass, h_hat, next_pass, subset)
-
-    def gate_tensors(self, num_passes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``[B, T, K-1]`` gate values and pool mask, zero-padded where the loop stopped before a gate ran."""
-        if not self.gate_values:
-            return None, None
-        gv, gm = torch.stack(self.gate_values, dim=-1), torch.stack(self.gate_masks, dim=-1)
-        pad = num_passes - 1 - gv.shape[-1]
-        return (F.pad(gv, (0, pad)), F.pad(gm, (0, pad))) if pad > 0 else (gv, gm)
 
 
 @dataclass
@@ -115,38 +49,6 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: torch.Tensor | None = None
     active_fraction: torch.Tensor | None = None
     pass_logits: tuple[torch.Tensor, ...] | None = None
-
-
-class PauseEmbeddings(nn.Module):
-    """The P learnable pause vectors of A19, one per pause slot, shared by every position."""
-
-    def __init__(self, num_pauses: int, hidden_size: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_pauses, hidden_size))
-
-    def interleave(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, T, d]`` token embeddings → ``[B, T·(P+1), d]``: each token followed by the P pauses."""
-        batch, length, d = x.shape
-        pauses = self.weight.to(x.dtype)[None, None].expand(batch, length, -1, -1)
-        return torch.cat([x[:, :, None], pauses], dim=2).reshape(batch, -1, d)
-
-
-def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) -> torch.Tensor:
-    """Bottom-k ponder loss (A11–A12): the mean of the ⌈k·|G|⌉ smallest gate values of the pool G.
-
-    ``gate_mask`` selects G (gates of active, non-padding tokens). Returns 0 (with a graph) when G is
-    empty or k = 0, so the trainer can always add ``λ·ponder_loss``.
-
-    |G| stays on the device: gates outside G sort last (+inf) and a prefix mask keeps the n smallest, so the
-    training step does not wait for the device to learn n (a boolean-mask gather or ``topk(n)`` would).
-    """
-    if k <= 0:
-        return gate_values.sum() * 0.0
-    flat, mask = gate_values.reshape(-1), gate_mask.reshape(-1)
-    ordered = torch.where(mask, flat, torch.full_like(flat, math.inf)).sort().values
-    n = torch.ceil(mask.sum().double() * k)  # ⌈k·|G|⌉, in double precision as the host would compute it
-    keep = torch.arange(flat.numel(), device=flat.device) < n
-    return torch.where(keep, ordered, torch.zeros_like(ordered)).sum() / n.clamp(min=1).to(flat.dtype)
 
 
 class TokenIdError(ValueError):
@@ -172,99 +74,7 @@ def check_token_ids(vocab_size: int, **tensors: torch.Tensor | None) -> None:
                                f"(size {vocab_size}: ids 0..{vocab_size - 1})")
 
 
-def _model_type(path: str) -> str | None:
-    import json
-    import os
-
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
-        return json.load(fh).get("model_type")
-
-
-class AdaPonderPreTrainedModel(PreTrainedModel):
-    config_class = AdaPonderConfig
-    config: AdaPonderConfig
-    base_model_prefix = "gpt_neox"
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["GPTNeoXLayer"]
-    _supports_flash_attn = True
-    _supports_sdpa = True
-    _supports_attention_backend = False
-    _keys_to_ignore_on_load_unexpected = [r"attention.bias", r"attention.masked_bias"]
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        cfg = self.config
-        if isinstance(module, GateOutput):
-            # s ≈ 1 at start (A5): gates begin by letting every token ponder. (``hf_init`` skips
-            # tensors loaded from a checkpoint.)
-            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
-            hf_init.constant_(module.bias, cfg.gate_init_bias)
-            return
-        if cfg.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding, PauseEmbeddings)):
-            init_pythia_(module, *init_std(cfg, "input"))  # head, gate input layers, pause vectors
-            return
-        if isinstance(module, PauseEmbeddings):
-            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
-            return
-        super()._init_weights(module)
-
-
-@torch.no_grad()
-def init_pythia_(module: nn.Module, std: float, truncated: bool) -> None:
-    """Weight ~ N(0, std²) (truncated at ±3σ when asked), bias 0 (A20)."""
-    if truncated:
-        hf_init.trunc_normal_(module.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
-    else:
-        hf_init.normal_(module.weight, mean=0.0, std=std)
-    if getattr(module, "bias", None) is not None:
-        hf_init.zeros_(module.bias)
-
-
-class PythiaBackbone(GPTNeoXModel):
-    """transformers' ``GPTNeoXModel`` (same modules, names and forward) whose weight initialisation
-    follows ``config.init`` (A20): the backbone initialises itself when constructed, so its scheme
-    has to live here rather than in the outer model."""
-
-    config_class = AdaPonderConfig
-
-    def __init__(self, config: AdaPonderConfig):
-        super().__init__(config)
-        # The layers' nn.Linear instances become SkinnyLinear (a subclass: same parameters, names and state dict)
-        # so that a decode step's few-row products run blocked. The instances are retyped (as
-        # torch.nn.utils.parametrize does) rather than replaced by new modules: under ZeRO-3 the layers are built
-        # inside deepspeed.zero.Init, which hooks every module constructed there; building replacements inside it
-        # left the process with partitioned parameters in the next model it built (a ZeRO-1 run after a ZeRO-3 one).
-        for module in self.layers.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = SkinnyLinear
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        if self.config.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding)):
-            residual_out = any(module is layer.attention.dense or module is layer.mlp.dense_4h_to_h
-                               for layer in self.layers)
-            init_pythia_(module, *init_std(self.config, "output" if residual_out else "input"))
-            return
-        super()._init_weights(module)
-
-
-def init_std(cfg: AdaPonderConfig, role: str) -> tuple[float, bool]:
-    """Standard deviation of a weight under ``init: pythia`` (A20) and whether it is truncated at ±3σ.
-
-    ``role`` is ``"input"`` (embedding, QKV, MLP up-projection, head, pause vectors, gate input layer) or
-    ``"output"`` (attention and MLP output projections, which feed the residual stream).
-    Vanilla/loop/pause: GPT-NeoX's ``small_init`` σ = sqrt(2/(5d)) and ``wang_init`` σ = 2/(L·sqrt(d)),
-    plain normal, as the Pythia configs use them. Pondering modes: PonderLM's truncated normal with
-    σ = sqrt(2/(5d)), output projections divided by sqrt(2·L·K).
-    """
-    d, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_passes
-    small = math.sqrt(2.0 / (5.0 * d))
-    if cfg.ponders:
-        return (small / math.sqrt(2.0 * L * K) if role == "output" else small), True
-    return (2.0 / (L * math.sqrt(d)) if role == "output" else small), False
-
-
-class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
+class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationMixin):
     """Looped Pythia: K passes of the whole GPT-NeoX stack with pondering feedback and halting gates.
 
     ``config.mode`` selects the method or a baseline on this one code path:
@@ -287,54 +97,8 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
     @classmethod
     def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
         """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
-        any mode, for continued pretraining (A14).
-
-        The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
-        source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
-        recurrence fields (``passes``, ``input_scale``, ``halting_threshold``, …).
-        """
-        import os
-
-        from transformers import GPTNeoXForCausalLM
-
-        if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                raise FileNotFoundError(
-                    f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
-                )
-            src_type = _model_type(path)
-            if src_type == "adaponder":
-                source = cls.from_pretrained(path, dtype=dtype)
-            elif src_type == "gpt_neox":
-                source = GPTNeoXForCausalLM.from_pretrained(path, dtype=dtype)
-            else:
-                raise ValueError(f"{path}: model_type {src_type!r} is not GPT-NeoX/Pythia or AdaPonder")
-        if not isinstance(source, (GPTNeoXForCausalLM, AdaPonderForCausalLM)):
-            raise TypeError(f"expected a GPTNeoXForCausalLM or AdaPonderForCausalLM, got {type(source).__name__}")
-        src_cfg = source.config.to_dict()
-        shape_keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                      "max_position_embeddings", "rope_parameters", "use_parallel_residual", "layer_norm_eps",
-                      "tie_word_embeddings", "hidden_act", "attention_bias", "initializer_range", "bos_token_id",
-                      "eos_token_id", "pad_token_id", "hidden_dropout", "attention_dropout")
-        values = {k: src_cfg[k] for k in shape_keys if k in src_cfg}
-        if isinstance(source, AdaPonderForCausalLM):
-            values.update({k: src_cfg[k] for k in ("input_scale", "embedding_multiplier", "gate_hidden_mult",
-                                                      "gate_activation", "gate_init_bias", "halting_threshold")})
-            if mode == src_cfg["mode"]:
-                values["passes"] = src_cfg["passes"]
-        values["mode"] = mode
-        values.update(overrides)
-        config = AdaPonderConfig(**values)
-        model = cls(config)
-        state = source.state_dict()
-        own = model.state_dict()
-        kept = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-        missing = [k for k in own if k not in kept and not k.startswith("gates.")]
-        if missing:
-            raise ValueError(f"backbone weights missing from the source checkpoint: {missing[:5]}")
-        model.load_state_dict(kept, strict=False)
-        return model.to(dtype) if dtype is not None else model
+        any mode, for continued pretraining (A14); see :func:`.backbone.from_backbone`."""
+        return from_backbone(cls, source, mode, dtype, **overrides)
 
     # -- HF plumbing ------------------------------------------------------------------------------
     def get_input_embeddings(self):
@@ -425,16 +189,9 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
                                                      logits_to_keep, length)
         gate_values, gate_mask = run.gate_tensors(cfg.num_passes)
         return AdaPonderCausalLMOutput(
-            loss=lm_loss,
-            logits=logits,
-            cache=cache,
-            lm_loss=lm_loss,
-            exit_pass=exit_pass,
-            gate_values=gate_values,
-            gate_mask=gate_mask,
-            active_fraction=torch.stack(run.active_fraction),
-            pass_logits=tuple(pass_logits) if return_pass_logits else None,
-        )
+            loss=lm_loss, logits=logits, cache=cache, lm_loss=lm_loss, exit_pass=exit_pass, gate_values=gate_values,
+            gate_mask=gate_mask, active_fraction=torch.stack(run.active_fraction),
+            pass_logits=tuple(pass_logits) if return_pass_logits else None)
 
     def run_passes(self, ctx: "PassContext", aligner: KVAligner, run: PassRun | None = None, last: int | None = None,
                    *, tau: float | None = None, compact_ok: bool = False, halting_policy=None,
@@ -739,65 +496,6 @@ class AdaPonderForCausalLM(AdaPonderPreTrainedModel, GenerationMixin):
         gathered for the whole forward; the model itself stays free of DeepSpeed. Tied weights appear once."""
         params = [self.gpt_neox.embed_in.weight, self.lm_head.weight]
         return [p for i, p in enumerate(params) if all(p is not q for q in params[:i])]
-
-    # -- accounting (A17) ------------------------------------------------------------------------
-    def parameter_counts(self) -> dict[str, int]:
-        """Parameters by part: ``embedding`` (input embedding + output head), ``non_embedding``
-        (layers and final norm), ``gates`` (A5), and ``total``. Works on the meta device."""
-        emb = self.gpt_neox.embed_in.weight.numel()
-        if self.lm_head.weight is not self.gpt_neox.embed_in.weight:
-            emb += self.lm_head.weight.numel()
-        layers = sum(p.numel() for p in self.gpt_neox.layers.parameters())
-        layers += sum(p.numel() for p in self.gpt_neox.final_layer_norm.parameters())
-        gates = sum(p.numel() for p in self.gates.parameters())
-        return {"embedding": emb, "non_embedding": layers, "gates": gates, "total": emb + layers + gates}
-
-    def flops_per_token(self, exit_pass: torch.Tensor | None = None, context: int | None = None,
-                        training: bool = False) -> dict[str, float]:
-        """FLOPs per token from the realised exit passes (A17).
-
-        Convention: a matmul of an ``m×n`` weight costs 2·m·n FLOPs per token (forward); attention adds
-        2·2·ctx·d per layer (scores and weighted sum), no causal discount, with ``ctx`` the context
-        length (default: ``max_position_embeddings``); layer norms, softmax and rotary are not counted.
-        A token with exit pass D costs D backbone passes and D head products (2dV each), D−1 pondering
-        products ``softmax(z)·Ẽ`` (2dV each) and min(D, K−1) gate MLPs. ``training=True`` multiplies
-        by 3 (forward + backward). ``exit_pass`` (any shape; padding excluded by the caller) defaults to
-        K for every token. Returns the mean per token of each part, their ``total`` and ``mean_passes``.
-        ``context`` counts real tokens; in ``pause`` mode (A19) each token occupies P+1 backbone positions,
-        so the backbone runs P+1 times per token over a (P+1)× longer context, and the head once.
-        """
-        cfg = self.config
-        d, L, V, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, cfg.num_passes
-        stride = cfg.num_pauses + 1
-        ctx = (context if context is not None else cfg.max_position_embeddings // stride) * stride
-        ff = cfg.intermediate_size
-        per_layer = (2 * (d * 3 * d + d * d + 2 * d * ff) + 4 * ctx * d) * stride
-        if exit_pass is None:
-            D = torch.full((1,), float(K))
-        else:
-            D = exit_pass.float().reshape(-1).cpu()
-        mean_d = float(D.mean())
-        mean_gates = float(torch.clamp(D, max=K - 1).mean()) if cfg.gated else 0.0
-        gate_cost = 2 * (d * cfg.gate_hidden_mult * d + cfg.gate_hidden_mult * d)
-        pondering = float((D - 1).mean()) * 2 * d * V if cfg.ponders else 0.0
-        parts = {
-            "backbone": mean_d * L * per_layer,
-            "head": mean_d * 2 * d * V,
-            "pondering": pondering,
-            "gates": mean_gates * gate_cost,
-        }
-        mult = 3.0 if training else 1.0
-        parts = {k: v * mult for k, v in parts.items()}
-        parts["total"] = sum(parts.values())
-        parts["mean_passes"] = mean_d
-        return parts
-
-    def kv_cache_bytes_per_token(self) -> int:
-        """KV-cache bytes per token: ``K · L · 2 · d · bytes``, whatever the token's exit pass. The
-        :class:`PonderCache` keeps K and V of every layer in every pass for every token (a token that halted
-        at pass D holds its pass-D K/V in passes j > D, A15), so halting saves compute, not cache memory."""
-        cfg = self.config
-        return cfg.num_passes * cfg.num_hidden_layers * 2 * cfg.hidden_size * self.dtype.itemsize
 
 
 __all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "GateWarmup", "PonderGate",

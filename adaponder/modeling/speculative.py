@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .pass_step import PassRun
 from .ponder_cache import KVAligner, PonderCache
 
 
@@ -191,8 +192,6 @@ class SelfSpeculativeDecoder:
         """The full model's (warped) log-probabilities at the drafted positions, ``[B, γ, V]``: passes P+1..K over
         the block, continued from the drafts' states; passes 1..P of the block come from the cache as written by
         the drafts (their aligned K/V are what pass P+1 reuses for tokens that halted, A15)."""
-        from .modeling_adaponder import PassRun
-
         model, P = self.model, self.config.draft_passes
         gamma = block.shape[1]
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], gamma)], dim=1)

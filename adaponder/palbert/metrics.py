@@ -122,15 +122,20 @@ def _correlatable(x: np.ndarray, z: np.ndarray) -> bool:
             and not bool(np.all(x == x[0])) and not bool(np.all(z == z[0])))
 
 
-def pearson(preds: Any, labels: Any) -> float:
-    """Pearson correlation (``scipy.stats.pearsonr``); NaN when either input is constant or not finite."""
+def _correlation(preds: Any, labels: Any, kind: str) -> float:
+    """``scipy.stats.pearsonr`` / ``spearmanr`` (``kind``) of the pair; NaN where it is not defined."""
     from scipy import stats
 
     p, y = _pair(preds, labels)
     x, z = p.astype(np.float64), y.astype(np.float64)
     if not _correlatable(x, z):
         return float("nan")
-    return float(stats.pearsonr(x, z).statistic)
+    return float(getattr(stats, kind)(x, z).statistic)
+
+
+def pearson(preds: Any, labels: Any) -> float:
+    """Pearson correlation (``scipy.stats.pearsonr``); NaN when either input is constant or not finite."""
+    return _correlation(preds, labels, "pearsonr")
 
 
 def rankdata_average(x: Any) -> np.ndarray:
@@ -142,13 +147,7 @@ def rankdata_average(x: Any) -> np.ndarray:
 
 def spearman(preds: Any, labels: Any) -> float:
     """Spearman rank correlation (``scipy.stats.spearmanr``); NaN as for :func:`pearson`."""
-    from scipy import stats
-
-    p, y = _pair(preds, labels)
-    x, z = p.astype(np.float64), y.astype(np.float64)
-    if not _correlatable(x, z):
-        return float("nan")
-    return float(stats.spearmanr(x, z).statistic)
+    return _correlation(preds, labels, "spearmanr")
 
 
 def _class_preds(preds: Any) -> np.ndarray:

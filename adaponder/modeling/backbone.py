@@ -1,0 +1,180 @@
+"""The Pythia backbone and where a model's weights come from: the GPT-NeoX container whose linear maps decode fast
+at small batch, weight initialisation (A5's gate start, A20), the pause vectors (A19), and building a model in any
+mode from a GPT-NeoX/Pythia or AdaPonder checkpoint (A14).
+
+This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import GPTNeoXModel, PreTrainedModel
+from transformers import initialization as hf_init
+
+from .configuration_adaponder import AdaPonderConfig
+from .pass_step import GateOutput, SkinnyLinear
+
+
+class PauseEmbeddings(nn.Module):
+    """The P learnable pause vectors of A19, one per pause slot, shared by every position."""
+
+    def __init__(self, num_pauses: int, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_pauses, hidden_size))
+
+    def interleave(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, d]`` token embeddings → ``[B, T·(P+1), d]``: each token followed by the P pauses."""
+        batch, length, d = x.shape
+        pauses = self.weight.to(x.dtype)[None, None].expand(batch, length, -1, -1)
+        return torch.cat([x[:, :, None], pauses], dim=2).reshape(batch, -1, d)
+
+
+def _model_type(path: str) -> str | None:
+    import json
+    import os
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+        return json.load(fh).get("model_type")
+
+
+class AdaPonderPreTrainedModel(PreTrainedModel):
+    config_class = AdaPonderConfig
+    config: AdaPonderConfig
+    base_model_prefix = "gpt_neox"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["GPTNeoXLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _keys_to_ignore_on_load_unexpected = [r"attention.bias", r"attention.masked_bias"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        cfg = self.config
+        if isinstance(module, GateOutput):
+            # s ≈ 1 at start (A5): gates begin by letting every token ponder. (``hf_init`` skips
+            # tensors loaded from a checkpoint.)
+            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+            hf_init.constant_(module.bias, cfg.gate_init_bias)
+            return
+        if cfg.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding, PauseEmbeddings)):
+            init_pythia_(module, *init_std(cfg, "input"))  # head, gate input layers, pause vectors
+            return
+        if isinstance(module, PauseEmbeddings):
+            hf_init.normal_(module.weight, mean=0.0, std=cfg.initializer_range)
+            return
+        super()._init_weights(module)
+
+
+@torch.no_grad()
+def init_pythia_(module: nn.Module, std: float, truncated: bool) -> None:
+    """Weight ~ N(0, std²) (truncated at ±3σ when asked), bias 0 (A20)."""
+    if truncated:
+        hf_init.trunc_normal_(module.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+    else:
+        hf_init.normal_(module.weight, mean=0.0, std=std)
+    if getattr(module, "bias", None) is not None:
+        hf_init.zeros_(module.bias)
+
+
+class PythiaBackbone(GPTNeoXModel):
+    """transformers' ``GPTNeoXModel`` (same modules, names and forward) whose weight initialisation
+    follows ``config.init`` (A20): the backbone initialises itself when constructed, so its scheme
+    has to live here rather than in the outer model."""
+
+    config_class = AdaPonderConfig
+
+    def __init__(self, config: AdaPonderConfig):
+        super().__init__(config)
+        # The layers' nn.Linear instances become SkinnyLinear (a subclass: same parameters, names and state dict)
+        # so that a decode step's few-row products run blocked. The instances are retyped (as
+        # torch.nn.utils.parametrize does) rather than replaced by new modules: under ZeRO-3 the layers are built
+        # inside deepspeed.zero.Init, which hooks every module constructed there; building replacements inside it
+        # left the process with partitioned parameters in the next model it built (a ZeRO-1 run after a ZeRO-3 one).
+        for module in self.layers.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = SkinnyLinear
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if self.config.init == "pythia" and isinstance(module, (nn.Linear, nn.Embedding)):
+            residual_out = any(module is layer.attention.dense or module is layer.mlp.dense_4h_to_h
+                               for layer in self.layers)
+            init_pythia_(module, *init_std(self.config, "output" if residual_out else "input"))
+            return
+        super()._init_weights(module)
+
+
+def init_std(cfg: AdaPonderConfig, role: str) -> tuple[float, bool]:
+    """Standard deviation of a weight under ``init: pythia`` (A20) and whether it is truncated at ±3σ.
+
+    ``role`` is ``"input"`` (embedding, QKV, MLP up-projection, head, pause vectors, gate input layer) or
+    ``"output"`` (attention and MLP output projections, which feed the residual stream).
+    Vanilla/loop/pause: GPT-NeoX's ``small_init`` σ = sqrt(2/(5d)) and ``wang_init`` σ = 2/(L·sqrt(d)),
+    plain normal, as the Pythia configs use them. Pondering modes: PonderLM's truncated normal with
+    σ = sqrt(2/(5d)), output projections divided by sqrt(2·L·K).
+    """
+    d, L, K = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_passes
+    small = math.sqrt(2.0 / (5.0 * d))
+    if cfg.ponders:
+        return (small / math.sqrt(2.0 * L * K) if role == "output" else small), True
+    return (2.0 / (L * math.sqrt(d)) if role == "output" else small), False
+
+
+def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
+    """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
+    any mode, for continued pretraining (A14); ``cls`` is the model class to build.
+
+    The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
+    source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
+    recurrence fields (``passes``, ``input_scale``, ``halting_threshold``, …).
+    """
+    import os
+
+    from transformers import GPTNeoXForCausalLM
+
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(
+                f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
+            )
+        src_type = _model_type(path)
+        if src_type == "adaponder":
+            source = cls.from_pretrained(path, dtype=dtype)
+        elif src_type == "gpt_neox":
+            source = GPTNeoXForCausalLM.from_pretrained(path, dtype=dtype)
+        else:
+            raise ValueError(f"{path}: model_type {src_type!r} is not GPT-NeoX/Pythia or AdaPonder")
+    if not isinstance(source, (GPTNeoXForCausalLM, cls)):
+        raise TypeError(f"expected a GPTNeoXForCausalLM or AdaPonderForCausalLM, got {type(source).__name__}")
+    src_cfg = source.config.to_dict()
+    shape_keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                  "max_position_embeddings", "rope_parameters", "use_parallel_residual", "layer_norm_eps",
+                  "tie_word_embeddings", "hidden_act", "attention_bias", "initializer_range", "bos_token_id",
+                  "eos_token_id", "pad_token_id", "hidden_dropout", "attention_dropout")
+    values = {k: src_cfg[k] for k in shape_keys if k in src_cfg}
+    if isinstance(source, cls):
+        values.update({k: src_cfg[k] for k in ("input_scale", "embedding_multiplier", "gate_hidden_mult",
+                                                  "gate_activation", "gate_init_bias", "halting_threshold")})
+        if mode == src_cfg["mode"]:
+            values["passes"] = src_cfg["passes"]
+    values["mode"] = mode
+    values.update(overrides)
+    config = AdaPonderConfig(**values)
+    model = cls(config)
+    state = source.state_dict()
+    own = model.state_dict()
+    kept = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    missing = [k for k in own if k not in kept and not k.startswith("gates.")]
+    if missing:
+        raise ValueError(f"backbone weights missing from the source checkpoint: {missing[:5]}")
+    model.load_state_dict(kept, strict=False)
+    return model.to(dtype) if dtype is not None else model
+
+
+__all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PythiaBackbone", "from_backbone", "init_pythia_",
+           "init_std"]
