@@ -48,9 +48,20 @@ def load_model(spec: str, dtype: torch.dtype):
     return model, name
 
 
-def prompts(model, spec: str, text: Path | None, batch: int, length: int) -> torch.Tensor:
-    """``[batch, length]`` prompts: consecutive windows of ``text`` encoded with the checkpoint's tokenizer, or
-    random ids for a random-weight shape."""
+def prompts(model, spec: str, text: Path | None, batch: int, length: int, data: Path | None = None) -> torch.Tensor:
+    """``[batch, length]`` prompts: consecutive windows of a prepared data folder's held-out tokens (``data``, the
+    checkpoint's own tokenizer), of ``text`` encoded with the checkpoint's tokenizer, or random ids."""
+    if data is not None and Path(spec).is_dir():
+        import json
+
+        import numpy as np
+
+        meta = json.loads((data / "meta.json").read_text())
+        ids = np.memmap(data / "val-00000.bin", dtype=meta["dtype"], mode="r")
+        start = 4096  # past a book's front matter
+        if ids.shape[0] < start + batch * length:
+            raise SystemExit(f"{data}: {ids.shape[0]} held-out tokens, too few for {batch} prompts × {length}")
+        return torch.from_numpy(np.asarray(ids[start:start + batch * length], dtype=np.int64)).reshape(batch, length)
     tok = Path(spec) / "tokenizer.json"
     if text is not None and tok.is_file():
         from tokenizers import Tokenizer
@@ -159,6 +170,8 @@ def main(argv=None):
     ap.add_argument("--checkpoint", action="append", default=[], help="a trained checkpoint folder (repeatable)")
     ap.add_argument("--shapes", default="", help="random-weight models SHAPE:MODE, comma-separated (e.g. 70m:adaponder)")
     ap.add_argument("--prompt-text", type=Path, help="text the prompts are taken from (checkpoints with a tokenizer)")
+    ap.add_argument("--prompt-data", type=Path, help="a prepared data folder whose held-out tokens give the prompts "
+                    "(the checkpoint's own data: e.g. the study's runs/study/cpu/data-*)")
     ap.add_argument("--context", type=int, default=64, help="prompt length")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per row")
     ap.add_argument("--batches", default="1,8")
@@ -184,8 +197,8 @@ def main(argv=None):
         for dtype_name in args.dtypes.split(","):
             model, name = load_model(spec, DTYPES[dtype_name])
             for batch in [int(b) for b in args.batches.split(",")]:
-                rows += bench_one(model, name, prompts(model, spec, args.prompt_text, batch, args.context), args,
-                                  dtype_name)
+                ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data)
+                rows += bench_one(model, name, ids, args, dtype_name)
     print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
           "whole call (the same prefill in both; prefill alone: prefill_s in --json); × = spec/ord; same = identical greedy tokens; accept = accepted\n"
           "drafts / drafted; tok/cyc = tokens each row gains per cycle; D̄ = mean exit pass of the decoded tokens;\n"
