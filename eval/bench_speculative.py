@@ -134,8 +134,11 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
     mean_exit = float(exits.float().mean())
     context = length + new / 2
     rows = []
-    for gamma in args.gammas:
-        cfg = SpeculativeConfig(args.draft_passes, gamma)
+    configs = [SpeculativeConfig(args.draft_passes, g) for g in args.gammas]
+    if args.adaptive:  # γ from 2, adapted up to the largest of --gammas
+        configs.append(SpeculativeConfig(args.draft_passes, 2, adaptive=True, max_draft_tokens=max(args.gammas)))
+    for cfg in configs:
+        gamma = f"a{cfg.max_draft_tokens}" if cfg.adaptive else cfg.draft_tokens
         decoder = SelfSpeculativeDecoder(model, cfg)
         t_spec, out = timed(lambda: decoder.generate(prompt, max_new_tokens=new), args.repeats)
         st = decoder.stats
@@ -178,6 +181,7 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--gammas", default="2,3,4,6,8", help="draft lengths γ, comma-separated")
     ap.add_argument("--draft-passes", type=int, default=1)
+    ap.add_argument("--adaptive", action="store_true", help="also a row with γ adapted to the acceptance (aN: up to N)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--json", type=Path, help="also write the rows here")

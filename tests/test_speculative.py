@@ -36,15 +36,16 @@ def prompts(batch=3, length=6, seed=1):
 
 
 @pytest.mark.parametrize("mode", ["ponderlm", "loop", "adaponder"])
-@pytest.mark.parametrize("draft_passes,draft_tokens", [(1, 1), (1, 4), (2, 3)])
-def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens):
+@pytest.mark.parametrize("draft_passes,draft_tokens,adaptive", [(1, 1, False), (1, 4, False), (2, 3, False),
+                                                                  (1, 2, True)])
+def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens, adaptive):
     model = make(mode)
     ids, mask = prompts()
     with torch.no_grad():
         ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, halting_threshold=TAU,
                              pad_token_id=0)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=14, halting_threshold=TAU, pad_token_id=0,
-                             speculative=SpeculativeConfig(draft_passes, draft_tokens))
+                             speculative=SpeculativeConfig(draft_passes, draft_tokens, adaptive, 6))
     assert torch.equal(out, ref)
     stats = model.speculative_stats
     assert stats.cycles > 0 and stats.drafted > 0

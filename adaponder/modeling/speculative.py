@@ -37,10 +37,14 @@ from .ponder_cache import KVAligner, PonderCache
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle)."""
+    """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle).
+    ``adaptive``: γ follows the acceptance — two more after a cycle every row accepted whole, one less after one that
+    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way)."""
 
     draft_passes: int = 1
     draft_tokens: int = 4
+    adaptive: bool = False
+    max_draft_tokens: int = 16
 
     def check(self, num_passes: int) -> None:
         problems = []
@@ -48,6 +52,8 @@ class SpeculativeConfig:
             problems.append(f"draft_passes must lie in [1, K) = [1, {num_passes}), got {self.draft_passes}")
         if self.draft_tokens < 1:
             problems.append(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if self.adaptive and self.max_draft_tokens < self.draft_tokens:
+            problems.append(f"max_draft_tokens ({self.max_draft_tokens}) must be >= draft_tokens ({self.draft_tokens})")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -141,10 +147,13 @@ class SelfSpeculativeDecoder:
         out = model(input_ids, attention_mask=mask, position_ids=_positions(mask, 0, length), cache=cache,
                     use_cache=True, halting_threshold=self.tau)
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
-        produced = 1
+        produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
-            new = self._cycle(tokens[-1][:, -1], mask, cache, min(self.config.draft_tokens, max_new_tokens - produced))
+            step = min(gamma, max_new_tokens - produced)
+            new = self._cycle(tokens[-1][:, -1], mask, cache, step)
+            if self.config.adaptive:
+                gamma = min(gamma + 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
             mask = torch.cat([mask, mask.new_ones(batch, new.shape[1])], dim=1)
             tokens.append(new)
             produced += new.shape[1]
