@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .input_checks import check_generation_length
 from .modeling_adaponder import _attention_implementation
 from .ponder_cache import PonderCache, starts_at
 from .pondering import pondering_from_logits
@@ -220,6 +221,7 @@ class DepthBatchedDecoder:
         K = cfg.num_passes
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
         need = length + room  # positions the generation can reach
+        check_generation_length(cfg.max_position_embeddings, length, room, None)
         if prefill is None:
             prefill = self.prefill(input_ids, min(need, length + self.GROWTH))
         elif not isinstance(prefill, DecoderPrefill):
