@@ -100,8 +100,11 @@ def test_non_finite_numbers_name_the_key(value, tmp_path, base, capsys):
     err = _pretrain_error(["--config", str(path), "--set", f"optim.lr={value}"], capsys)
     assert "optim.lr: must be a finite number, got" in err and value.lstrip(".") in err
     base["schedule"]["s0"] = float("nan")  # a YAML .nan in a step-or-fraction key
-    with pytest.raises(TrainConfigError, match="schedule.s0: must be an integer or a finite number, got nan"):
+    base["model"]["initializer_range"] = float("inf")  # and in the model section
+    with pytest.raises(TrainConfigError) as info:
         load_config(write_config(tmp_path / "nan.yaml", base))
+    assert "schedule.s0: must be an integer or a finite number, got nan" in str(info.value)
+    assert "'initializer_range' must be a finite number, got inf" in str(info.value)
 
 
 @pytest.mark.parametrize("key, value, expected", [
