@@ -4,6 +4,7 @@ than ``max_position_embeddings`` (forward, with a cache, in pause mode, and a ge
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,3 +80,18 @@ def test_labels_with_nothing_to_score_are_an_error_not_nan(model):
     _raises(lambda: model(ids, shift_labels=torch.full_like(ids, -100)), "shift_labels hold no target to score")
     out = model(ids, labels=torch.tensor([[-100, -100, 5, -100]]))  # one target is enough
     assert torch.isfinite(out.loss)
+
+
+def test_evaluation_windows_count_the_pauses():
+    """In pause mode a token takes 1 + num_pauses positions: the default perplexity window fits the positions
+    (it was max_position_embeddings tokens, now refused by the position check) and a larger one is refused."""
+    from adaponder.evaluation.perplexity import Document, default_window, score_documents
+    from adaponder.modeling.input_checks import context_note, context_tokens
+
+    pause = AdaPonderForCausalLM(tiny_config("pause", pause_tokens=3, max_position_embeddings=CONTEXT)).eval()
+    assert context_tokens(pause.config) == default_window(pause) == 8
+    assert context_note(pause.config) == f"max_position_embeddings {CONTEXT} / (1 + 3 pauses)"
+    with pytest.raises(ValueError, match=r"window 9 exceeds the model's context of 8 tokens"):
+        score_documents(pause, [Document("d", np.arange(20), 20)], window=9)
+    scores = score_documents(pause, [Document("d", np.arange(20), 20)])  # the default window runs
+    assert len(scores) == 20

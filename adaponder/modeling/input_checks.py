@@ -48,6 +48,17 @@ def check_positions(max_positions: int, new_tokens: int, past: int = 0, stride: 
                           f"{max_positions} positions")
 
 
+def context_tokens(config) -> int:
+    """Tokens the model takes at most: its positions, each token taking ``1 + num_pauses`` of them."""
+    return config.max_position_embeddings // (config.num_pauses + 1)
+
+
+def context_note(config) -> str:
+    """How :func:`context_tokens` came about, for a message ("max_position_embeddings 128")."""
+    pauses = f" / (1 + {config.num_pauses} pauses)" if config.num_pauses else ""
+    return f"max_position_embeddings {config.max_position_embeddings}{pauses}"
+
+
 def check_generation_length(max_positions: int, prompt: int, max_new_tokens: int | None, max_length: int | None,
                             stride: int = 1) -> None:
     """A generation of ``max_new_tokens`` (else up to ``max_length`` tokens in all) after a ``prompt`` must fit
@@ -89,5 +100,5 @@ def check_token_ids(vocab_size: int, **tensors: torch.Tensor | None) -> None:
                                   "loss would be NaN; leave labels out to get logits only")
 
 
-__all__ = ["ModelInputError", "TokenIdError", "check_generation_length", "check_input_kind", "check_positions",
+__all__ = ["ModelInputError", "TokenIdError", "check_generation_length", "context_note", "context_tokens", "check_input_kind", "check_positions",
            "check_token_ids"]
