@@ -21,6 +21,7 @@ _PROJECT_ERRORS = (
     ("adaponder.typed_config", "ConfigError"),  # training, fine-tuning and study configurations
     ("adaponder.modeling.configuration_adaponder", "AdaPonderConfigError"),
     ("adaponder.modeling.modeling_adaponder", "TokenIdError"),  # ids outside the vocabulary, empty input
+    ("adaponder.modeling.input_checks", "ModelInputError"),  # ids of a wrong dtype/shape, past the positions
     ("adaponder.data.errors", "DataError"),
     ("adaponder.palbert.glue_datasets", "GlueDatasetError"),
     ("adaponder.palbert.glue", "GlueDataError"),

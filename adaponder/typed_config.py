@@ -29,6 +29,8 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
+from adaponder.strict_yaml import YamlError, decode_utf8, load_yaml
+
 __all__ = ["ConfigError", "Int", "Float", "StepsOrFraction", "Count", "NonNegativeInt", "NonNegativeFloat",
            "PositiveFloat", "UnitFloat", "type_name", "coerce", "build_section", "validate_sections",
            "parse_override", "apply_overrides", "read_yaml"]
@@ -74,10 +76,12 @@ def _steps_or_fraction(value: int | float) -> int | float:
 
 
 Int = Annotated[int, BeforeValidator(_yaml_number)]
-Float = Annotated[float, BeforeValidator(_yaml_number)]
+#: Finite: ``lr: .inf`` or ``--set optim.lr=nan`` would otherwise train on until the loss turns non-finite.
+Float = Annotated[float, BeforeValidator(_yaml_number), Field(allow_inf_nan=False)]
 #: An integer is a step count (>= 0), a float a fraction of all steps in [0, 1]; pydantic's smart union keeps
 #: the type that was written (``1.0`` is all of training, not step 1).
-StepsOrFraction = Annotated[Union[int, float], BeforeValidator(_yaml_number), AfterValidator(_steps_or_fraction)]
+StepsOrFraction = Annotated[Union[int, Annotated[float, Field(allow_inf_nan=False)]], BeforeValidator(_yaml_number),
+                            AfterValidator(_steps_or_fraction)]
 Count = Annotated[Int, Field(ge=1)]
 NonNegativeInt = Annotated[Int, Field(ge=0)]
 NonNegativeFloat = Annotated[Float, Field(ge=0)]
@@ -123,6 +127,10 @@ def _message(errors: list[dict[str, Any]], value: Any, tp: Any) -> str:
             return f"must hold {bound} item(s), got {e['input']!r}"
         if kind == "value_error":
             return str(ctx["error"])
+        if kind == "finite_number":  # an integer field says which type it wanted
+            what = type_name(tp).replace("a number", "a finite number")
+            return f"must be {what}, got {e['input']!r}"
+
     return f"must be {type_name(tp)}, got {value!r}"
 
 
@@ -189,7 +197,9 @@ def parse_override(item: str, error: type[ConfigError] = ConfigError) -> tuple[l
     if not path:
         raise error([f"--set {item!r}: empty key"])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
+    except YamlError as err:
+        raise error([f"--set {item!r}: {err}"]) from None
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -212,12 +222,15 @@ def apply_overrides(raw: Mapping[str, Any], overrides: list[str] | None,
 
 def read_yaml(path: str | os.PathLike[str], error: type[ConfigError] = ConfigError) -> dict[str, Any]:
     """The mapping a YAML config file holds (empty file: ``{}``); a missing file, invalid YAML or a
-    non-mapping top level raise ``error`` naming the file."""
+    non-mapping top level raise ``error`` naming the file, as do the strict reader's refusals
+    (:mod:`adaponder.strict_yaml`: a repeated key, bytes that are not UTF-8, an alias bomb)."""
     p = Path(path)
     if not p.is_file():
         raise error([f"config file {p} does not exist"], str(p))
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        raw = load_yaml(decode_utf8(p.read_bytes())) or {}
+    except YamlError as err:
+        raise error([f"{p}: {err}"], str(p)) from None
     except yaml.YAMLError as err:
         raise error([f"not valid YAML: {err}"], str(p)) from None
     if not isinstance(raw, dict):

@@ -89,3 +89,16 @@ def test_unresolvable_init_is_one_line(tmp_path, capsys, monkeypatch):
     assert line == f"error: {tmp_path / 'nowhere'}: no such checkpoint folder, and not a Hugging Face hub id (org/name)"
     line = _one_line_error(capsys, ["--init", "tiny-random", "--init-revision", "step5", "--data-dir", str(glue)])
     assert "a revision (step5) applies to a Hugging Face hub id, not to tiny-random" in line
+
+
+def test_small_vocabulary_checkpoint_without_its_tokenizer_names_both_sizes(tmp_path, capsys):
+    from helpers_evaluation import tiny_model, tiny_tokenizer
+
+    glue = _glue(tmp_path, GOOD_ROW)
+    ckpt = tmp_path / "small-vocab"
+    tiny_model(hidden_size=32, num_hidden_layers=1, intermediate_size=64, vocab_size=1000).save_pretrained(ckpt)
+    tiny_tokenizer().save_pretrained(ckpt)  # its tokenizer is there, but the run uses the bundled one
+    line = _one_line_error(capsys, ["--init", str(ckpt), "--data-dir", str(glue)])
+    assert "the bundled tokenizer" in line and "has 50277 tokens" in line, line
+    assert f"the model {ckpt} embeds only 1000 (vocab_size in its config.json)" in line, line
+    assert f"--set data.tokenizer={ckpt / 'tokenizer.json'}" in line, line

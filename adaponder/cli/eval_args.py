@@ -66,12 +66,13 @@ def documents_from_args(args: argparse.Namespace, tokenizer) -> list[Document]:
                     getattr(args, "packing", "documents"), args.window)
 
 
-def check_window_args(args: argparse.Namespace, context: int) -> None:
+def check_window_args(args: argparse.Namespace, context: int, note: str | None = None) -> None:
     """:class:`UsageError` for ``--window`` / ``--stride`` values that cannot work: a window below 1 or beyond the
-    checkpoint's ``context`` (``max_position_embeddings``), a stride outside ``[1, window]``."""
+    checkpoint's ``context`` in tokens (``note`` says where it comes from, default ``max_position_embeddings``),
+    a stride outside ``[1, window]``."""
     if args.window is not None and not 1 <= args.window <= context:
         raise UsageError(f"--window {args.window}: expected 1 <= window <= the checkpoint's context "
-                         f"(max_position_embeddings {context})")
+                         f"({note or f'max_position_embeddings {context}'})")
     window = args.window or min(context, 1024)  # default_window's rule
     if args.stride is not None and not 1 <= args.stride <= window:
         raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")

@@ -18,6 +18,7 @@ from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_c
 from adaponder.cli.eval_args import check_window_args, checkpoint_parser, documents_from_args
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
+from adaponder.modeling.input_checks import context_note, context_tokens
 from adaponder.evaluation.perplexity import (TABLE_HEADER, _Codec, check_vocab, format_row, score_documents,
                                              summarize_by_source)
 
@@ -42,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not Path(src).exists():
             raise UsageError(f"--data {src}: no such file or folder")
     config = AdaPonderConfig.from_pretrained(args.checkpoint)
-    check_window_args(args, config.max_position_embeddings)
+    check_window_args(args, context_tokens(config), context_note(config))  # pause mode: fewer tokens
     tok = load_tokenizer_for(args.checkpoint)
     docs = documents_from_args(args, tok)
     check_vocab(docs, config.vocab_size)

@@ -46,6 +46,7 @@ from lm_eval.models.huggingface import HFLM
 
 import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
 from adaponder.modeling.exits import exit_counts
+from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
 from .pruning import make_policy
@@ -109,6 +110,11 @@ class AdaPonderLM(HFLM):
             self.speculative.check(model.config.num_passes)
         AdaPonderLM.instances.append(self)
 
+    @property
+    def max_length(self) -> int:
+        """HFLM reads ``max_position_embeddings`` as tokens; in pause mode a token takes 1 + num_pauses of them."""
+        return self._max_length or context_tokens(self._model.config)
+
     # -- fixed-pruning target ------------------------------------------------------------------------
     def _calibrate(self, data: str | None, max_tokens: int) -> float:
         from .perplexity import _Codec, load_documents, score_documents
@@ -119,7 +125,7 @@ class AdaPonderLM(HFLM):
             data = str(bundled_corpus_dir())
         docs = load_documents(data, self.tokenizer, max_tokens=max_tokens)
         codec = _Codec(self.tokenizer)
-        window = min(self.max_length, self._model.config.max_position_embeddings)
+        window = min(self.max_length, context_tokens(self._model.config))
         scores = score_documents(self._model, docs, window=window, eod_id=codec.eod_id, pad_id=codec.pad_id)
         mean = float(scores.exit_pass.mean())
         print(f"[adaponder] fixed-pruning target: the learned policy's mean exit pass on {len(scores)} tokens of "

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from adaponder.data.errors import EmptyInputError, VocabRangeError
 from adaponder.errors import UsageError
 from adaponder.modeling.exits import exit_histogram
+from adaponder.modeling.input_checks import context_note, context_tokens
 
 from .accounting import flops_summary
 
@@ -262,7 +263,7 @@ class TokenScores:
 
 
 def default_window(model) -> int:
-    return int(min(model.config.max_position_embeddings, 1024))
+    return int(min(context_tokens(model.config), 1024))
 
 
 @torch.no_grad()
@@ -275,9 +276,9 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
     fixed batch order, so a seeded policy gives reproducible results. ``halting_threshold``: τ for these calls
     (default: the model config's)."""
     window = int(window or default_window(model))
-    if window > model.config.max_position_embeddings:
-        raise ValueError(f"window {window} exceeds the model's max_position_embeddings "
-                         f"({model.config.max_position_embeddings})")
+    if window > context_tokens(model.config):  # in pause mode a token takes 1 + num_pauses positions
+        raise ValueError(f"window {window} exceeds the model's context of {context_tokens(model.config)} tokens "
+                         f"({context_note(model.config)})")
     stride = int(stride or max(1, window // 2))
     batch_size = int(batch_size or max(1, 2048 // window))
     pad_id = eod_id if pad_id is None else pad_id

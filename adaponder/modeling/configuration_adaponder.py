@@ -193,6 +193,8 @@ def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
             problems.append(f"'{key}' must be an integer, got {val!r}")
         elif key in floats and val is not None and (isinstance(val, bool) or not isinstance(val, (int, float))):
             problems.append(f"'{key}' must be a number, got {val!r}")
+        elif key in floats and isinstance(val, float) and not math.isfinite(val):  # .inf / .nan in YAML
+            problems.append(f"'{key}' must be a finite number, got {val!r}")
         elif key in bools and not isinstance(val, bool):
             problems.append(f"'{key}' must be true or false, got {val!r}")
     return problems

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from .configuration_adaponder import check_halting_threshold
+from .input_checks import check_generation_length
 from .attention import routed_attention
 from .pass_step import first_input, gate_weighted, goes_on
 from .ponder_cache import PonderCache, starts_at
@@ -224,6 +225,7 @@ class DepthBatchedDecoder:
         K = cfg.num_passes
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
         need = length + room  # positions the generation can reach
+        check_generation_length(cfg.max_position_embeddings, length, room, None)
         if prefill is None:
             prefill = self.prefill(input_ids, min(need, length + self.GROWTH))
         elif not isinstance(prefill, DecoderPrefill):

@@ -25,6 +25,8 @@ from .attention import PACKED_ATTENTION, causal_slot_mask, routed_attention
 from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
 from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
 from .cost import CostAccounting
+from .input_checks import (ModelInputError, TokenIdError, check_generation_length, check_input_kind, check_positions,
+                           check_token_ids)
 from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input, gate_weighted, goes_on
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
@@ -49,29 +51,6 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: torch.Tensor | None = None
     active_fraction: torch.Tensor | None = None
     pass_logits: tuple[torch.Tensor, ...] | None = None
-
-
-class TokenIdError(ValueError):
-    """Input the model cannot embed: a token id (or label) outside ``[0, vocab_size)``, or no tokens at all."""
-
-
-def check_token_ids(vocab_size: int, **tensors: torch.Tensor | None) -> None:
-    """Raise :class:`TokenIdError` naming the first id outside ``[0, vocab_size)`` (``labels`` and
-    ``shift_labels`` may also hold the ignore index -100). Such an id would otherwise end in an IndexError deep
-    in the embedding or the loss — on CUDA in a device-side assert that poisons the process. One min/max
-    reduction per tensor and a single host transfer for all of them."""
-    named = [(n, t if n == "input_ids" else t.masked_fill(t == -100, 0)) for n, t in tensors.items()
-             if t is not None and t.numel()]
-    if not named:
-        return
-    device = named[0][1].device  # labels may live elsewhere (forward moves them); one transfer for all bounds
-    bounds = torch.stack([b.to(device) for _, t in named for b in torch.aminmax(t)]).tolist()  # the one host sync
-    for (name, t), lo, hi in zip(named, bounds[0::2], bounds[1::2]):
-        if lo < 0 or hi >= vocab_size:
-            pos = tuple(((t < 0) | (t >= vocab_size)).nonzero()[0].tolist())
-            what = "token id" if name == "input_ids" else f"{name} value"
-            raise TokenIdError(f"{what} {int(t[pos])} at position {pos} is outside the vocabulary "
-                               f"(size {vocab_size}: ids 0..{vocab_size - 1})")
 
 
 class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationMixin):
@@ -166,7 +145,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        self._check_inputs(input_ids, inputs_embeds, labels, shift_labels)
+        self._check_inputs(input_ids, inputs_embeds, labels, shift_labels,
+                           cache.get_seq_length() if cache is not None else 0)
         if use_cache is None:
             use_cache = cache is not None or (cfg.use_cache and not self.training)
         cache = self._ponder_cache(cache) if use_cache else None
@@ -287,8 +267,9 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         return logits, lm_loss
 
     def generate(self, inputs: torch.Tensor | None = None, *args, speculative=None, **kwargs):
-        """``GenerationMixin.generate`` after :meth:`forward`'s input checks: transformers' own code would
-        index an empty prompt, or embed an id outside the vocabulary, before any forward runs.
+        """``GenerationMixin.generate`` after :meth:`forward`'s input checks, and a check that the prompt plus
+        the tokens asked for fit the positions: transformers' own code would index an empty prompt, or embed an
+        id outside the vocabulary, before any forward runs, and would decode past the positions silently.
 
         ``speculative=SpeculativeConfig(draft_passes=P, draft_tokens=γ)`` decodes self-speculatively instead
         (:mod:`.speculative`: draft with the first P passes, verify with the rest): the same tokens greedily, the
@@ -296,8 +277,12 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``halting_threshold`` and
         ``generator``."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+        if isinstance(ids, torch.Tensor):
             self._check_inputs(ids, None, None, None)
+            gen = kwargs.get("generation_config") or self.generation_config
+            check_generation_length(self.config.max_position_embeddings, ids.shape[-1],
+                                    kwargs.get("max_new_tokens", gen.max_new_tokens),
+                                    kwargs.get("max_length", gen.max_length), self.config.num_pauses + 1)
         if speculative is not None:
             return self._generate_speculative(ids, speculative, *args, **kwargs)
         return super().generate(inputs, *args, **kwargs)
@@ -324,14 +309,18 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         return out
 
     # -- pieces of the pass loop ---------------------------------------------------------------
-    def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels) -> None:
-        """Empty input, and ids outside the vocabulary (:func:`check_token_ids`), raise TokenIdError here, once
-        per call, rather than deep inside the passes. The range check costs a host sync; it is skipped when
-        training on an accelerator (the data loaders range-check every batch they serve) and while
-        ``torch.compile`` traces (a data-dependent branch would break the graph)."""
+    def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels, past: int = 0) -> None:
+        """Wrong dtype or shape, empty input, more positions than the model has (:mod:`.input_checks`: host
+        values only), ids outside the vocabulary and labels with nothing to score (:func:`check_token_ids`)
+        raise here, once per call, rather than deep inside the passes. The value checks cost a host sync; they
+        are skipped when training on an accelerator (the data loaders range-check every batch they serve, and
+        every packed sample has targets) and while ``torch.compile`` traces (a data-dependent branch would break
+        the graph)."""
+        check_input_kind(input_ids, inputs_embeds)
         x = input_ids if input_ids is not None else inputs_embeds
         if x.shape[:2].numel() == 0:
             raise TokenIdError(f"the input is empty (shape {tuple(x.shape)}); expected at least one token per row")
+        check_positions(self.config.max_position_embeddings, x.shape[1], past, self.config.num_pauses + 1)
         if torch.compiler.is_compiling() or (self.training and x.device.type != "cpu"):
             return
         check_token_ids(self.config.vocab_size, input_ids=input_ids, labels=labels, shift_labels=shift_labels)
@@ -499,4 +488,4 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
 
 
 __all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "GateWarmup", "PonderGate",
-           "TokenIdError", "check_token_ids", "ponder_loss"]
+           "ModelInputError", "TokenIdError", "check_token_ids", "ponder_loss"]

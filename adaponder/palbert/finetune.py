@@ -60,6 +60,7 @@ from adaponder.palbert.classifier import (
     predictions_from_outputs,
 )
 from adaponder.palbert.config import FinetuneConfig, FinetuneConfigError
+from adaponder.palbert.vocab_check import check_tokenizer_fits
 from adaponder.palbert.glue import (
     GlueDataError,
     GlueTaskSpec,
@@ -250,6 +251,7 @@ class FineTuner:
         # Inputs are checked before the process group is joined, so a bad model name or data file fails fast.
         self.init, self.init_revision = init, init_revision
         self.init_dir = resolve_init(init, init_revision)
+        check_tokenizer_fits(self.init_dir, cfg.data.tokenizer)
         self.data_dir = glue_tsv_dir(data_dir, cfg.data.hf_dataset)
         source = dict(glue_dir=self.data_dir, hf_dataset=cfg.data.hf_dataset, revision=cfg.data.hf_revision)
         self.glue = {split: load_glue_examples(cfg.task, split, **source) for split in ("train", "dev")}

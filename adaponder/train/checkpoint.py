@@ -305,10 +305,17 @@ def list_tags(ckpt_dir: Path) -> list[str]:
 
 
 def read_latest(ckpt_dir: Path) -> str | None:
+    """The tag ``latest`` names, or None. It must name a folder directly inside ``ckpt_dir``: a path such as
+    ``../../other_run/step00000008`` would resume, or export, another run's weights without a word."""
     f = ckpt_dir / "latest"
     if not f.is_file():
         return None
-    return f.read_text(encoding="utf-8").strip() or None
+    tag = f.read_text(encoding="utf-8").strip()
+    if tag and (tag in (".", "..") or Path(tag).name != tag or "\\" in tag):
+        raise CheckpointError(f"{f} names {tag!r}, which is not a checkpoint folder inside {ckpt_dir}; expected the "
+                              "name of one of its stepNNNNNNNN folders (complete ones: "
+                              f"{', '.join(list_tags(ckpt_dir)) or 'none'})")
+    return tag or None
 
 
 def has_checkpoint(ckpt_dir: Path) -> bool:

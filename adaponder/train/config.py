@@ -33,6 +33,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
@@ -453,6 +454,20 @@ class RunPlan:
         return self.global_batch * self.seq_len
 
 
+# DeepSpeed's batch keys and the run's values they must equal.
+_BATCH_KEYS = (("train_batch_size", "global_batch", "global batch"),
+               ("train_micro_batch_size_per_gpu", "micro_batch", "micro-batch per rank"),
+               ("gradient_accumulation_steps", "grad_accum", "gradient accumulation steps"))
+
+
+def batch_override_problems(overrides: Mapping[str, Any], plan: Any) -> list[str]:
+    """Batch sizes in ``deepspeed.overrides`` that differ from the run's (``plan``): the data loader and the
+    schedules follow the run's, and DeepSpeed would stop with its own assertion about the three numbers."""
+    return [f"deepspeed.overrides.{key}: {overrides[key]!r} disagrees with the run's {what} "
+            f"({getattr(plan, attr)}, from the train section); set the batch there and leave {key} out"
+            for key, attr, what in _BATCH_KEYS if key in overrides and overrides[key] != getattr(plan, attr)]
+
+
 def _to_steps(value: int | float, total: int) -> int:
     return int(round(value * total)) if isinstance(value, float) else int(value)
 
@@ -472,9 +487,11 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
                             f"(micro_batch {t.micro_batch} × {world_size} ranks) = {accum}; give only one")
     else:
         accum = int(t.grad_accum)
+    global_batch = accum * per_accum
+    problems += batch_override_problems(cfg.deepspeed.overrides, SimpleNamespace(
+        global_batch=global_batch, micro_batch=t.micro_batch, grad_accum=accum))
     if problems:
         raise TrainConfigError(problems, cfg.source)
-    global_batch = accum * per_accum
     tokens_per_step = global_batch * cfg.data.seq_len
     total = t.steps if t.steps is not None else max(1, math.ceil(t.tokens / tokens_per_step))
     gates_only = math.ceil(cfg.init.gates_only_tokens / tokens_per_step) if cfg.init.gates_only_tokens else 0
@@ -490,4 +507,4 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
 
 
 __all__ = ["TrainConfig", "TrainConfigError", "RunPlan", "load_config", "config_from_dict", "apply_overrides",
-           "plan_run", "build_model_config", "SECTIONS"]
+           "plan_run", "build_model_config", "batch_override_problems", "SECTIONS"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .config import RunPlan, TrainConfig
+from .config import RunPlan, TrainConfig, TrainConfigError, batch_override_problems
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +76,8 @@ def build_ds_config(cfg: TrainConfig, plan: RunPlan, n_params: int | None = None
             out["data_types"] = {"grad_accum_dtype": "fp32"}
     # Activation checkpointing is the model's own per-pass checkpointing (the trainer switches it on);
     # DeepSpeed's activation_checkpointing section only configures its Megatron-style API, which we don't use.
+    if problems := batch_override_problems(ds.overrides or {}, plan):
+        raise TrainConfigError(problems, getattr(cfg, "source", None))
     return _deep_merge(out, ds.overrides or {})
 
 

@@ -8,7 +8,8 @@ loads it directly.
 An offline export (:func:`export_checkpoint`) first checks the checkpoint (every file's recorded size and
 SHA-256; every ``.pt`` unpickled weights-only before ``zero_to_fp32`` sees it), refuses a non-empty output
 folder unless ``overwrite``, and writes into a temporary sibling folder ``.NAME.tmp-<pid>`` that replaces the
-output folder only once complete; temporary folders of killed exports (their process gone) are removed.
+output folder only once complete; temporary folders of killed exports (their process gone) are removed. An output
+folder given as a symbolic link is written through it: its target is replaced, the link kept.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ def state_dict_from_checkpoint(tag_dir: str | Path, verify: bool = True) -> dict
 
 def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path | None = None) -> Path:
     """The absolute output folder, after refusing a file, a non-empty folder (unless ``overwrite``), and a
-    folder that holds (or is inside) ``protect`` — replacing it would delete the checkpoint being exported."""
+    folder that holds (or is inside) ``protect`` — replacing it would delete the checkpoint being exported.
+    A symbolic link stands for its target: the export replaces the target folder and the link stays."""
     out = Path(os.path.abspath(out_dir))
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out}: exists and is not a folder; expected an empty or new output folder")
     if protect is not None:
@@ -126,7 +130,8 @@ def _remove_stale(out: Path) -> None:
 def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Path:
     """``write(folder)`` into ``.NAME.tmp-<pid>`` next to ``out_dir``, then rename it to ``out_dir``. An existing
     ``out_dir`` (empty, or any with ``overwrite``) is first renamed aside to ``.NAME.old-<pid>`` and deleted
-    only once the new folder is in place; a failure while writing leaves ``out_dir`` as it was."""
+    only once the new folder is in place; a failure while writing leaves ``out_dir`` as it was. When ``out_dir``
+    is a symbolic link, all of this happens beside its target, so the link keeps pointing at the new folder."""
     from .checkpoint import _fsync_dir
 
     out = check_output_dir(out_dir, overwrite)
