@@ -10,12 +10,13 @@ Layout of ``checkpoint.dir``::
       trainer_state.json         step, tokens, schedule, compatibility record, a manifest of every file with
                                  its size and the SHA-256 of its content; written last inside the folder
 
-A save writes everything into ``.tmp-stepNNNNNNNN``; rank 0 then renames it to ``stepNNNNNNNN`` (atomic) and
-replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the previous complete checkpoint;
-the half-written temporary folder is removed by the next save. Older checkpoints beyond ``keep`` are deleted
-only after the new one is in place. A run resumed from an older checkpoint (a rewind) replaces the
-checkpoints of the abandoned branch as it reaches their steps. The folder must be on a filesystem that every
-node sees.
+A save writes everything into ``.tmp-stepNNNNNNNN-<pid>`` (rank 0's PID); rank 0 then renames it to
+``stepNNNNNNNN`` (atomic) and replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the
+previous complete checkpoint; the half-written temporary folder is removed by the next save, which removes only
+temporaries of its own process or of processes that are gone (two writers on one folder, which the run lock
+prevents, would otherwise delete each other's). Older checkpoints beyond ``keep`` are deleted only after the new
+one is in place. A run resumed from an older checkpoint (a rewind) replaces the checkpoints of the abandoned
+branch as it reaches their steps. The folder must be on a filesystem that every node sees.
 
 Integrity and safety on every read (resume and export): every file must have the size and SHA-256 recorded
 when it was written (hashing is spread over the ranks); ``--resume auto`` skips damaged checkpoints (newest
@@ -437,12 +438,11 @@ class CheckpointManager:
         the tags in ``protect`` (e.g. the best checkpoint of a fine-tuning run)."""
         tag = tag_for(step)
         final = self.dir / tag
-        tmp_tag = f".tmp-{tag}"
+        tmp_tag = f".tmp-{tag}-{self.owner_pid()}"
         tmp = self.dir / tmp_tag
         if self.rank == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in [*self.dir.glob(".tmp-step*"), *self.dir.glob(".old-step*"), *self.dir.glob(RESHARD_GLOB)]:
-                shutil.rmtree(stale, ignore_errors=True)
+            remove_stale_temporaries(self.dir)
         _barrier()
         t0 = time.perf_counter()
         engine.save_checkpoint(str(self.dir), tag=tmp_tag, client_state={"step": step}, save_latest=False)
@@ -476,6 +476,15 @@ class CheckpointManager:
         _barrier()
         return final
 
+    def owner_pid(self) -> int:
+        """Collective on first use: rank 0's PID, which names this run's temporary folders on every rank."""
+        if not hasattr(self, "_owner_pid"):
+            box = [os.getpid()]
+            if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+                dist.broadcast_object_list(box, src=0)
+            self._owner_pid = int(box[0])
+        return self._owner_pid
+
     def _rotate(self, keep_tag: str, protect: tuple[str, ...] = ()) -> None:
         tags = [t for t in list_tags(self.dir) if t not in protect]
         for old in tags[: max(0, len(tags) - self.keep)]:
@@ -505,7 +514,8 @@ class CheckpointManager:
         first converted by :func:`to_universal` into a temporary folder beside the checkpoints, deleted after."""
         load_dir, work = tag_dir.parent, None
         if universal:
-            work = load_dir = to_universal(tag_dir, self.dir / f".reshard-{tag_dir.name}", self.world_size)
+            work = load_dir = to_universal(tag_dir, self.dir / f".reshard-{tag_dir.name}-{self.owner_pid()}",
+                                           self.world_size)
         try:
             path, _ = engine.load_checkpoint(str(load_dir), tag=tag_dir.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=False, load_module_strict=True)
@@ -523,6 +533,21 @@ class CheckpointManager:
 
 
 RESHARD_GLOB = ".reshard-step*"  # temporary universal checkpoints (removed after loading, or by the next save)
+_TEMPORARY = re.compile(r"^\.(?:tmp|old|reshard)-step\d{8,}(?:-(\d+))?$")
+
+
+def remove_stale_temporaries(ckpt_dir: Path) -> None:
+    """Remove the temporary folders (``.tmp-``, ``.old-``, ``.reshard-stepN-<pid>``) of this process and of
+    processes that are gone; another live writer's stay. Names without a PID (older versions) are removed."""
+    from adaponder.run_lock import pid_alive
+
+    for path in ckpt_dir.iterdir():
+        m = _TEMPORARY.match(path.name)
+        if not m or not path.is_dir():
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if pid is None or pid == os.getpid() or not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
@@ -565,4 +590,4 @@ __all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate",
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",
-           "safe_torch_load", "deepspeed_safe_globals"]
+           "safe_torch_load", "deepspeed_safe_globals", "remove_stale_temporaries"]

@@ -115,7 +115,7 @@ def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path
 def _remove_stale(out: Path) -> None:
     """Remove the ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>`` folders beside ``out`` of exports that were killed
     (their process is gone; this one's own are stale too). A live export's are left alone."""
-    from adaponder.data.prepare import pid_alive
+    from adaponder.run_lock import pid_alive
 
     for path in out.parent.glob(f".{out.name}.*"):
         m = re.fullmatch(re.escape(f".{out.name}.") + r"(?:tmp|old)-(\d+)", path.name)

@@ -36,7 +36,7 @@ from . import metrics as M
 from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
                          read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
-from .distributed import broadcast_error, create_engine, deal, init_distributed
+from .distributed import broadcast_error, create_engine, deal, init_distributed, lock_on_rank0
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
@@ -79,6 +79,8 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.rank, self.local_rank, self.world_size = init_distributed()
+        # One job per run folder, held until the process exits: a second one stops here, before reading anything.
+        self.run_lock = lock_on_rank0(cfg.out_dir, self.rank)
         from deepspeed.accelerator import get_accelerator
 
         self.device = torch.device(get_accelerator().device_name(self.local_rank)
@@ -714,6 +716,8 @@ class Trainer:
         self._restore_signals()
         if hasattr(self, "sink"):
             self.sink.close()
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()
 
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
@@ -721,6 +725,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
     from adaponder.data.errors import DataError
     from adaponder.errors import debug_requested
     from adaponder.modeling import AdaPonderConfigError
+    from adaponder.run_lock import RunLockError
 
     trainer = Trainer(cfg, resume)
     rank = int(os.environ.get("RANK", "0"))
@@ -733,7 +738,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
-    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
+    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError) as err:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
