@@ -160,6 +160,7 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 
     from .checkpoint import read_state, verify_files
+    from .finite_weights import NonFiniteWeightsError, first_nonfinite
 
     tag_dir = Path(tag_dir)
     check_output_dir(out_dir, overwrite, protect=tag_dir.parent)  # before any work
@@ -167,6 +168,10 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     verify_files(tag_dir, state, "cannot export")
     config = AdaPonderConfig.from_dict(json.loads((tag_dir / "config.json").read_text(encoding="utf-8")))
     sd = state_dict_from_checkpoint(tag_dir, verify=False)
+    found = first_nonfinite(sd.items())
+    if found:  # (an export is what evaluation and users load: it must not carry NaN weights silently)
+        raise NonFiniteWeightsError(f"cannot export {tag_dir}: its weights are not all finite ({found}); export an "
+                                    "earlier checkpoint (the newest one with finite weights is kept by rotation)")
     model = AdaPonderForCausalLM(config)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]

@@ -37,6 +37,7 @@ from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, fin
                          read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
 from .distributed import broadcast_error, create_engine, deal, init_distributed, lock_on_rank0
+from .finite_weights import module_weights_problem
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
@@ -358,6 +359,9 @@ class Trainer:
                             f"{self.world_size}: re-sharding the ZeRO-{self.cfg.deepspeed.zero_stage} optimizer state "
                             "through DeepSpeed's universal checkpoint")
         self.ckpt.load_engine(self.engine, tag_dir, universal=self.reshard)
+        bad_weights = module_weights_problem(self.engine.module)  # (ZeRO-3 files are not read before the load)
+        if bad_weights:
+            raise CheckpointError(f"cannot resume from {tag_dir}: its weights are not all finite ({bad_weights})")
         self.step = int(st["step"])
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
@@ -702,6 +706,11 @@ class Trainer:
         sibling folder renamed into place, :func:`.export.write_atomically`)."""
         from .export import save_hf, write_atomically
 
+        bad_weights = module_weights_problem(self.engine.module)
+        if bad_weights:  # every rank stops together, exit 3 as for a non-finite final validation loss
+            raise TrainingStopped(f"stopping: the weights at step {self.step} are not all finite ({bad_weights}); no "
+                                  f"Hugging Face export was written. The last checkpoint is {self._last_saved_path}",
+                                  EXIT_NONFINITE)
         sd = self.full_state_dict()
         if self.rank == 0:
             extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
