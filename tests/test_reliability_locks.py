@@ -160,3 +160,15 @@ def test_finetuning_on_an_output_in_use_exits_2_naming_the_holder(shared_data, t
     assert f"error: --output folder {out} is in use by another job (host {socket.gethostname()}, PID " \
            f"{os.getpid()}, " in text
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_a_refusal_reaches_every_rank_under_deepspeed(data, tmp_path):
+    from helpers_train import deepspeed_launch, free_port
+
+    out = tmp_path / "run"
+    cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], out))
+    with lock_folder(out):  # held by this process: rank 0 is refused, rank 1 must not wait for it
+        code, text = deepspeed_launch(cfg, 2, free_port(), timeout=240)
+    assert code == 2, text[-3000:]
+    assert text.count(f"error: run folder {out} is in use by another job (host {socket.gethostname()}, PID "
+                      f"{os.getpid()}, ") == 1, text[-3000:]  # (printed by rank 0 only)
