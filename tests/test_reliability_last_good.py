@@ -155,3 +155,23 @@ def test_perplexity_refuses_nonfinite_weights_and_fails_on_a_nonfinite_result(ru
     assert len(err) == 1 and err[0].startswith(f"error: the perplexity of {text} is nan (a non-finite loss; expected "
                                                f"a finite number): {huge} produced NaN or inf scores"), err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_adaponder_eval_refuses_nonfinite_weights_and_fails_on_nonfinite_logits(run, tmp_path, capsys):
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "eval" / "lambada_openai").is_dir():
+        pytest.skip(f"eval data not found under {SHARED_DATA}")
+    from adaponder.cli.lm_eval import main as eval_main
+
+    args = ["--tasks", "adaponder_lambada_openai", "--limit", "2", "--batch_size", "2", "--device", "cpu"]
+    hf = run["out"] / "hf"
+    nan_dir = _edit_export(hf, tmp_path / "nan", lambda w: w["lm_head.weight"].view(-1).__setitem__(0, float("nan")))
+    assert eval_main([str(nan_dir), *args]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert err == [f"error: {nan_dir / 'model.safetensors'}: the weights are not all finite (lm_head.weight holds "
+                   "NaN); nothing can be evaluated with them (export an earlier training checkpoint)"]
+    huge = _edit_export(hf, tmp_path / "huge", lambda w: w["lm_head.weight"].fill_(3e38))
+    assert eval_main([str(huge), *args]) == 3
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
+    assert len(err) == 1 and err[0].startswith(f"error: {huge}: 2 scored request(s) had non-finite logits"), err
