@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from adaponder.errors import UsageError, debug_requested, debug_tracebacks, is_user_error, one_line, require_checkpoint
 
 EXIT_USER_ERROR = 2
+EXIT_NONFINITE = 3  # a NaN/inf result (as pretraining's non-finite run): reported, never passed off as a number
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the full traceback of an error instead of one 'error:' line (or set ADAPONDER_DEBUG=1)"
 
@@ -53,5 +54,5 @@ def add_debug_help(parser) -> None:
     parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
 
 
-__all__ = ["EXIT_USER_ERROR", "UsageError", "add_debug_help", "cli_main", "debug_requested", "is_user_error",
-           "one_line", "report", "require_checkpoint"]
+__all__ = ["EXIT_NONFINITE", "EXIT_USER_ERROR", "UsageError", "add_debug_help", "cli_main", "debug_requested",
+           "is_user_error", "one_line", "report", "require_checkpoint"]

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from adaponder.cli.errors import cli_main, require_checkpoint
+from adaponder.cli.errors import EXIT_NONFINITE, cli_main, require_checkpoint
 
 
 def default_task_path() -> Path | None:
@@ -119,7 +119,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("[adaponder] realised compute")
         for line in lm.summary_lines():
             print(f"  {line}")
-    return 0
+    return _nonfinite_exit(AdaPonderLM.instances)
+
+
+def _nonfinite_exit(instances) -> int:
+    """3 with one ``error:`` line when a model scored NaN/inf logits (its metrics mean nothing), else 0."""
+    bad = [lm for lm in instances if getattr(lm, "nonfinite_scores", 0)]
+    for lm in bad:
+        print(f"error: {lm.checkpoint}: {lm.nonfinite_scores} scored request(s) had non-finite logits (NaN or "
+              "inf); the metrics above are not valid (try --model_args dtype=float32)", file=sys.stderr, flush=True)
+    return EXIT_NONFINITE if bad else 0
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ Command line::
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.doc import description
-from adaponder.cli.errors import UsageError, add_debug_help, cli_main, require_checkpoint
+from adaponder.cli.errors import EXIT_NONFINITE, UsageError, add_debug_help, cli_main, require_checkpoint
 from adaponder.cli.eval_args import check_window_args, checkpoint_parser, documents_from_args
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
@@ -69,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, s in summary.items():
         print(format_row(name, s))
     print(ONE_PASS_BASELINE)
+    bad = [name for name, s in summary.items() if not math.isfinite(s["nll"])]
+    if bad:  # (nothing is written: a NaN must not pass for a result)
+        print(f"error: the perplexity of {', '.join(bad)} is {summary[bad[0]]['ppl']} (a non-finite loss; expected a "
+              f"finite number): {args.checkpoint} produced NaN or inf scores; no --dump/--json written",
+              file=sys.stderr, flush=True)
+        return EXIT_NONFINITE
     if args.dump:
         write_token_dump(scores, tok, args.dump, docs)
         print(f"per-token dump: {args.dump}")

@@ -12,8 +12,9 @@ Pipeline:
 
 Everything is written under ``.<output_dir name>.tmp-*`` next to the output and only renamed into place when
 complete, so an interrupted run never leaves a directory that looks prepared; the next run for the same output
-removes the temporary folder a killed run left (its process gone). Outputs depend only on the
-inputs, tokenizer, ``val_fraction`` and ``seed`` — not on ``num_workers``.
+removes the temporary folder a killed run left (its process gone). A second preparation into the same output
+while one runs is refused (a lock file ``.<name>.lock`` beside it, :mod:`adaponder.run_lock`). Outputs depend
+only on the inputs, tokenizer, ``val_fraction`` and ``seed`` — not on ``num_workers``.
 
 Each document is tokenized whole, so the token count equals ``sum(len(tokenizer.encode(doc)))`` plus one
 EOD per document.
@@ -39,6 +40,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from adaponder.run_lock import lock_beside, pid_alive
 
 from .errors import DataError
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
@@ -226,17 +229,6 @@ def _check_output_dir(out: Path, overwrite: bool) -> None:
     read_meta(out)  # only ever replace a folder this tool wrote
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (whose ever it is)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. PermissionError: it exists, under another user
-        return True
-    return True
-
-
 def _remove_stale_temporaries(out: Path) -> None:
     """Remove what killed runs for ``out`` left beside it: ``.NAME.tmp-<pid>-<hex>`` folders whose process is gone
     (each as large as the token stream) and ``.NAME.old-<hex>`` folders (a replaced output not yet deleted). A
@@ -332,12 +324,18 @@ def prepare(
     t_start = time.perf_counter()
     sources = resolve_inputs(inputs if not isinstance(inputs, (str, os.PathLike)) else [inputs])
     out = Path(output_dir).expanduser().resolve()
-    _check_output_dir(out, overwrite)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    # One preparation per output at a time (``.NAME.lock`` beside it): the emptiness check below must still
+    # hold when the finished folder is renamed into place.
+    lock = lock_beside(out, "output folder")
+    try:
+        _check_output_dir(out, overwrite)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+    except BaseException:
+        lock.release()
+        raise
     try:
         if train_tokenizer is not None:
             tok = _train_tokenizer(sources, text_field, errors, val_fraction, seed, train_tokenizer, tmp)
@@ -428,6 +426,8 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        lock.release()
     meta["output_dir"] = str(out)  # not stored: the folder may be moved
     return meta
 

@@ -50,7 +50,7 @@ from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
 from .pruning import make_policy
-from .settings import apply_recurrence, check_exit_rule, settings_of
+from .settings import apply_recurrence, check_exit_rule, require_finite_weights, settings_of
 
 log = logging.getLogger("adaponder.evaluation")
 
@@ -86,6 +86,9 @@ class AdaPonderLM(HFLM):
         super().__init__(pretrained=ckpt, batch_size=batch_size, dtype=dtype, device=device, **kwargs)
         self.checkpoint = str(ckpt) if isinstance(ckpt, (str, os.PathLike)) else type(ckpt).__name__
         model = self._model
+        if isinstance(ckpt, (str, os.PathLike)):
+            require_finite_weights(model, ckpt)
+        self.nonfinite_scores = 0  # rows whose scored logits held NaN/inf (adaponder-eval then fails)
         apply_recurrence(model, _as_int(passes), _as_float(halting_threshold if tau is None else tau))
         self.exit_rule = exit_rule
         self.pruning_seed = int(pruning_seed)
@@ -156,6 +159,8 @@ class AdaPonderLM(HFLM):
 
     def _select_cont_toks(self, logits, contlen=None, inplen=None):
         # HFLM calls this once per row of the last forward, in row order: the scored positions of that row.
+        if not bool(torch.isfinite(logits).all()):
+            self.nonfinite_scores += 1
         if self._last_exit is not None and self.backend == "causal" and contlen and inplen:
             row = self._row
             self._row += 1

@@ -151,10 +151,25 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halt
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
     torch_dtype = parse_dtype(dtype)
     model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype)
+    require_finite_weights(model, path)
     model.to(device).eval()
     apply_recurrence(model, passes, halting_threshold)
     return model, load_tokenizer_for(path)
 
 
+def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
+    """Refuse weights holding NaN or inf (every score would be NaN): :class:`NonFiniteWeightsError` naming the
+    weights file and the first such tensor."""
+    from adaponder.train.finite_weights import NonFiniteWeightsError, first_nonfinite
+
+    found = first_nonfinite(model.named_parameters())
+    if found:
+        path = os.fspath(checkpoint)
+        names = sorted(f for f in os.listdir(path) if f.endswith((".safetensors", ".bin")))
+        where = os.path.join(path, names[0]) if len(names) == 1 else path
+        raise NonFiniteWeightsError(f"{where}: the weights are not all finite ({found}); nothing can be evaluated "
+                                    "with them (export an earlier training checkpoint)")
+
+
 __all__ = ["EXIT_RULES", "RecurrenceSettings", "apply_recurrence", "check_exit_rule", "load_for_eval",
-           "load_tokenizer_for", "parse_dtype", "settings_of", "trained_passes"]
+           "load_tokenizer_for", "parse_dtype", "require_finite_weights", "settings_of", "trained_passes"]

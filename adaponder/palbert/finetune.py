@@ -95,7 +95,7 @@ from adaponder.train.checkpoint import (
     tag_for,
     validate,
 )
-from adaponder.train.distributed import create_engine, destroy_at_exit, init_distributed
+from adaponder.train.distributed import create_engine, destroy_at_exit, init_distributed, lock_on_rank0
 from adaponder.train.stopping import (
     EXIT_NONFINITE,
     TrainingStopped,
@@ -266,6 +266,8 @@ class FineTuner:
     def setup(self) -> None:
         cfg = self.cfg
         self.rank, self.local_rank, self.world = init_distributed()
+        # One job per --output folder, held until the process exits: a second one stops here.
+        self.run_lock = lock_on_rank0(self.output, self.rank, "--output folder")
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.spec = get_task(cfg.task)
@@ -782,6 +784,8 @@ class FineTuner:
         M.close_progress_bar()
         if hasattr(self, "sink"):
             self.sink.close()
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()
 
 
 def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = None, data_dir: str | None = None,

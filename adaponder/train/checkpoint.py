@@ -10,19 +10,23 @@ Layout of ``checkpoint.dir``::
       trainer_state.json         step, tokens, schedule, compatibility record, a manifest of every file with
                                  its size and the SHA-256 of its content; written last inside the folder
 
-A save writes everything into ``.tmp-stepNNNNNNNN``; rank 0 then renames it to ``stepNNNNNNNN`` (atomic) and
-replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the previous complete checkpoint;
-the half-written temporary folder is removed by the next save. Older checkpoints beyond ``keep`` are deleted
-only after the new one is in place. A run resumed from an older checkpoint (a rewind) replaces the
-checkpoints of the abandoned branch as it reaches their steps. The folder must be on a filesystem that every
-node sees.
+A save writes everything into ``.tmp-stepNNNNNNNN-<pid>`` (rank 0's PID); rank 0 then renames it to
+``stepNNNNNNNN`` (atomic) and replaces ``latest`` (atomic). A crash at any point leaves ``latest`` naming the
+previous complete checkpoint; the half-written temporary folder is removed by the next save, which removes only
+temporaries of its own process or of processes that are gone (two writers on one folder, which the run lock
+prevents, would otherwise delete each other's). Older checkpoints beyond ``keep`` are deleted only after the new
+one is in place, and never the newest one whose weights were all finite (``weights_finite``, recorded at save).
+A run resumed from an older checkpoint (a rewind) replaces the checkpoints of the abandoned branch as it reaches
+their steps. The folder must be on a filesystem that every node sees.
 
 Integrity and safety on every read (resume and export): every file must have the size and SHA-256 recorded
 when it was written (hashing is spread over the ranks); ``--resume auto`` skips damaged checkpoints (newest
 first) with one line naming the damaged one and the one used, while an explicit path to a damaged checkpoint
-is an error. Before DeepSpeed (or ``zero_to_fp32``) unpickles a ``.pt`` file, the file is unpickled with
-``torch.load(weights_only=True)``, allowing only tensors, plain containers and the few DeepSpeed types listed in
-:func:`deepspeed_safe_globals`, so a file carrying a pickle payload is refused instead of executed.
+is an error; the same holds for a checkpoint whose weights are not all finite (recorded at save, or NaN/inf
+found in its model-states file). Before DeepSpeed (or ``zero_to_fp32``) unpickles a ``.pt`` file, the file is
+unpickled with ``torch.load(weights_only=True)``, allowing only tensors, plain containers and the few DeepSpeed
+types listed in :func:`deepspeed_safe_globals`, so a file carrying a pickle payload is refused instead of
+executed.
 Checkpoints written before the hashes existed are checked by size only.
 
 Another number of ranks: the trainer state and the data-loader position do not depend on it; under ZeRO 1-3
@@ -51,10 +55,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .finite_weights import module_weights_problem
+
 TAG_RE = re.compile(r"^step(\d{8,})$")
 STATE_FILE = "trainer_state.json"
 FORMAT = "adaponder.train.checkpoint/v1"
 HASH_KEY = "sha256"  # trainer_state.json: {"sha256": {relative path: hex digest}} next to "manifest" (sizes)
+FINITE_KEY = "weights_finite"  # trainer_state.json: whether every weight was finite at save (absent before)
 
 
 class CheckpointError(RuntimeError):
@@ -187,6 +194,28 @@ def integrity_problems(tag_dir: Path) -> list[str]:
     except CheckpointError as err:
         return [str(err)]
     return file_problems(tag_dir, state)
+
+
+def _weights_problem(tag_dir: Path, state: dict[str, Any]) -> str | None:
+    from .finite_weights import first_nonfinite
+
+    if state.get(FINITE_KEY) is False:
+        return "its weights were not all finite when it was saved (NaN or inf)"
+    f = tag_dir / "mp_rank_00_model_states.pt"  # (ZeRO 0-2: the module's weights; ZeRO-3 keeps them elsewhere)
+    if not f.is_file():
+        return None
+    try:
+        module = safe_torch_load(f, mmap=True).get("module") or {}
+    except (CheckpointError, AttributeError):
+        return None  # unreadable: the integrity and weights-only checks report that
+    found = first_nonfinite(module.items())
+    return f"its weights are not all finite ({found} in {f.name})" if found else None
+
+
+def weights_problem(tag_dir: Path, state: dict[str, Any]) -> str | None:
+    """Collective: why a checkpoint's weights are unusable (recorded as non-finite at save, or NaN/inf in its
+    model-states file), or None. Rank 0 reads the file; every rank gets the answer."""
+    return _sharded(["weights"], lambda _: _weights_problem(tag_dir, state), threads=False).get("weights")
 
 
 def _one_line(what: str, tag_dir: Path, problems: list[str]) -> str:
@@ -331,9 +360,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def find_resume(resume: str | None, ckpt_dir: Path,
                 notify: Callable[[str], None] | None = None) -> tuple[Path | None, bool]:
     """``(tag folder or None, verified)``. ``"auto"`` takes the checkpoint named by ``latest`` if it is intact
-    (every file with its recorded size and SHA-256), else the newest intact older one, and calls ``notify``
-    with one line naming the damaged checkpoint and the one used; ``verified`` is then True (the files need no
-    second check). When no checkpoint is intact, or for an explicit path, the newest / given folder comes back
+    (every file with its recorded size and SHA-256) and its weights finite, else the newest such older one, and
+    calls ``notify`` with one line naming the skipped checkpoint, why, and the one used; ``verified`` is then True
+    (files and weights need no second check). When no checkpoint is usable, or for an explicit path, the newest /
+    given folder comes back
     unverified (``verified`` False): :func:`validate` then reports its problems. Collective when a process
     group exists (the hashing is spread over the ranks)."""
     chosen = _resolve_target(resume, ckpt_dir)
@@ -342,18 +372,19 @@ def find_resume(resume: str | None, ckpt_dir: Path,
     root = chosen.parent
     newest = [chosen] + [root / t for t in reversed(list_tags(root)) if t != chosen.name
                          and int(TAG_RE.match(t).group(1)) < _step_of(chosen)]
-    damaged: list[tuple[Path, list[str]]] = []
+    skipped: list[tuple[Path, str]] = []  # (checkpoint, "is damaged: ..." or "cannot be resumed from: ...")
     for tag_dir in newest:
         problems = integrity_problems(tag_dir)
-        if not problems:
-            if damaged:
-                bad, why = damaged[0]
-                skipped = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
-                (notify or _print_stderr)(f"checkpoint {bad} is damaged: {why[0]}{skipped}; resuming from "
-                                          f"{tag_dir} instead")
+        bad_weights = None if problems else weights_problem(tag_dir, read_state(tag_dir))
+        if not problems and not bad_weights:
+            if skipped:
+                bad, why = skipped[0]
+                more = f" (and {len(skipped) - 1} more unusable)" if len(skipped) > 1 else ""
+                (notify or _print_stderr)(f"checkpoint {bad} {why}{more}; resuming from {tag_dir} instead")
             return tag_dir, True
-        damaged.append((tag_dir, problems))
-    return chosen, False  # nothing intact: validate() names the problems of the newest
+        skipped.append((tag_dir, f"is damaged: {problems[0]}" if problems else
+                        f"cannot be resumed from: {bad_weights}"))
+    return chosen, False  # nothing usable: validate() names the problems of the newest
 
 
 def _step_of(tag_dir: Path) -> int:
@@ -408,14 +439,19 @@ def read_state(tag_dir: Path) -> dict[str, Any]:
 
 
 def validate(tag_dir: Path, compat: dict[str, Any], check_files: bool = True) -> dict[str, Any]:
-    """Check a checkpoint before loading anything: complete, files intact (sizes and SHA-256; skipped with
-    ``check_files=False`` when :func:`find_resume` verified them already), same run setup.
+    """Check a checkpoint before loading anything: complete, files intact (sizes and SHA-256) and weights finite
+    (both skipped with ``check_files=False`` when :func:`find_resume` verified them already), same run setup.
 
     Returns its trainer state. Raises one :class:`CheckpointError` listing every problem. Collective when a
     process group exists.
     """
     state = read_state(tag_dir)
     problems = file_problems(tag_dir, state) if check_files else []
+    if check_files and not problems:  # (only intact files are read for their weights)
+        bad_weights = weights_problem(tag_dir, state)
+        if bad_weights:
+            problems.append(f"{bad_weights}; resume from an older checkpoint (--resume auto takes the newest usable "
+                            "one)")
     saved = state.get("compat", {})
     for key in sorted(k for k in compat if k in saved):  # (keys a checkpoint lacks were not recorded then)
         a, b = saved.get(key), compat.get(key)
@@ -444,12 +480,11 @@ class CheckpointManager:
         the tags in ``protect`` (e.g. the best checkpoint of a fine-tuning run)."""
         tag = tag_for(step)
         final = self.dir / tag
-        tmp_tag = f".tmp-{tag}"
+        tmp_tag = f".tmp-{tag}-{self.owner_pid()}"
         tmp = self.dir / tmp_tag
         if self.rank == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in [*self.dir.glob(".tmp-step*"), *self.dir.glob(".old-step*"), *self.dir.glob(RESHARD_GLOB)]:
-                shutil.rmtree(stale, ignore_errors=True)
+            remove_stale_temporaries(self.dir)
         _barrier()
         t0 = time.perf_counter()
         engine.save_checkpoint(str(self.dir), tag=tmp_tag, client_state={"step": step}, save_latest=False)
@@ -464,11 +499,12 @@ class CheckpointManager:
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             dist.broadcast_object_list(names, src=0)
         digests = hash_files(tmp, names[0])
+        finite = module_weights_problem(engine.module) is None
         if self.rank == 0:
             manifest = {rel: (tmp / rel).stat().st_size for rel in names[0]}
             state = {"format": FORMAT, "step": step, "tag": tag, "world_size": self.world_size,
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
-                     **trainer_state, "manifest": manifest, HASH_KEY: digests}
+                     **trainer_state, "manifest": manifest, HASH_KEY: digests, FINITE_KEY: finite}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
             old = None
             if final.exists():  # a run resumed from an earlier checkpoint reaches this step again
@@ -483,11 +519,30 @@ class CheckpointManager:
         _barrier()
         return final
 
+    def owner_pid(self) -> int:
+        """Collective on first use: rank 0's PID, which names this run's temporary folders on every rank."""
+        if not hasattr(self, "_owner_pid"):
+            box = [os.getpid()]
+            if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+                dist.broadcast_object_list(box, src=0)
+            self._owner_pid = int(box[0])
+        return self._owner_pid
+
     def _rotate(self, keep_tag: str, protect: tuple[str, ...] = ()) -> None:
         tags = [t for t in list_tags(self.dir) if t not in protect]
+        good = self._newest_finite(tags)  # kept whatever ``keep`` says: newer ones may hold NaN weights
         for old in tags[: max(0, len(tags) - self.keep)]:
-            if old != keep_tag:
+            if old not in (keep_tag, good):
                 shutil.rmtree(self.dir / old, ignore_errors=True)
+
+    def _newest_finite(self, tags: list[str]) -> str | None:
+        for tag in reversed(tags):
+            try:
+                if read_state(self.dir / tag).get(FINITE_KEY, True):  # (not recorded before: as good as it was)
+                    return tag
+            except CheckpointError:
+                continue
+        return None
 
     def load(self, engine, tag_dir: Path) -> dict[str, Any]:
         """Collective: load DeepSpeed's states and this rank's own state, written by as many ranks as now."""
@@ -512,7 +567,8 @@ class CheckpointManager:
         first converted by :func:`to_universal` into a temporary folder beside the checkpoints, deleted after."""
         load_dir, work = tag_dir.parent, None
         if universal:
-            work = load_dir = to_universal(tag_dir, self.dir / f".reshard-{tag_dir.name}", self.world_size)
+            work = load_dir = to_universal(tag_dir, self.dir / f".reshard-{tag_dir.name}-{self.owner_pid()}",
+                                           self.world_size)
         try:
             path, _ = engine.load_checkpoint(str(load_dir), tag=tag_dir.name, load_optimizer_states=True,
                                              load_lr_scheduler_states=False, load_module_strict=True)
@@ -530,6 +586,21 @@ class CheckpointManager:
 
 
 RESHARD_GLOB = ".reshard-step*"  # temporary universal checkpoints (removed after loading, or by the next save)
+_TEMPORARY = re.compile(r"^\.(?:tmp|old|reshard)-step\d{8,}(?:-(\d+))?$")
+
+
+def remove_stale_temporaries(ckpt_dir: Path) -> None:
+    """Remove the temporary folders (``.tmp-``, ``.old-``, ``.reshard-stepN-<pid>``) of this process and of
+    processes that are gone; another live writer's stay. Names without a PID (older versions) are removed."""
+    from adaponder.run_lock import pid_alive
+
+    for path in ckpt_dir.iterdir():
+        m = _TEMPORARY.match(path.name)
+        if not m or not path.is_dir():
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if pid is None or pid == os.getpid() or not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
@@ -572,4 +643,4 @@ __all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate",
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",
-           "safe_torch_load", "deepspeed_safe_globals"]
+           "safe_torch_load", "deepspeed_safe_globals", "remove_stale_temporaries", "weights_problem"]

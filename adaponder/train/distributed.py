@@ -86,6 +86,23 @@ def broadcast_error(message: str | None) -> str | None:
     return box[0]
 
 
+def lock_on_rank0(folder: Path, rank: int, what: str = "run folder"):
+    """Rank 0 locks ``folder`` for the whole run (:mod:`adaponder.run_lock`); a refusal reaches every rank, so
+    all of them stop together. Returns the lock on rank 0, None on the others."""
+    from adaponder.run_lock import RunLockError, lock_folder
+
+    lock, err = None, None
+    if rank == 0:
+        try:
+            lock = lock_folder(folder, what)
+        except RunLockError as e:
+            err = str(e)
+    err = broadcast_error(err)
+    if err:
+        raise RunLockError(err)
+    return lock
+
+
 def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
     """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
     that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
@@ -116,4 +133,4 @@ def deal(batches, rank: int, world_size: int):
         yield (round_[rank], True) if rank < len(round_) else (round_[0], False)
 
 
-__all__ = ["init_distributed", "destroy_at_exit", "broadcast_error", "create_engine", "deal"]
+__all__ = ["init_distributed", "destroy_at_exit", "broadcast_error", "create_engine", "deal", "lock_on_rank0"]

@@ -119,7 +119,7 @@ def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path
 def _remove_stale(out: Path) -> None:
     """Remove the ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>`` folders beside ``out`` of exports that were killed
     (their process is gone; this one's own are stale too). A live export's are left alone."""
-    from adaponder.data.prepare import pid_alive
+    from adaponder.run_lock import pid_alive
 
     for path in out.parent.glob(f".{out.name}.*"):
         m = re.fullmatch(re.escape(f".{out.name}.") + r"(?:tmp|old)-(\d+)", path.name)
@@ -165,6 +165,7 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 
     from .checkpoint import read_state, verify_files
+    from .finite_weights import NonFiniteWeightsError, first_nonfinite
 
     tag_dir = Path(tag_dir)
     check_output_dir(out_dir, overwrite, protect=tag_dir.parent)  # before any work
@@ -172,6 +173,10 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     verify_files(tag_dir, state, "cannot export")
     config = AdaPonderConfig.from_dict(json.loads((tag_dir / "config.json").read_text(encoding="utf-8")))
     sd = state_dict_from_checkpoint(tag_dir, verify=False)
+    found = first_nonfinite(sd.items())
+    if found:  # (an export is what evaluation and users load: it must not carry NaN weights silently)
+        raise NonFiniteWeightsError(f"cannot export {tag_dir}: its weights are not all finite ({found}); export an "
+                                    "earlier checkpoint (the newest one with finite weights is kept by rotation)")
     model = AdaPonderForCausalLM(config)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]

@@ -36,7 +36,8 @@ from . import metrics as M
 from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
                          read_latest, rng_state, set_rng_state, validate)
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
-from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, init_distributed
+from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, init_distributed, lock_on_rank0
+from .finite_weights import module_weights_problem
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
@@ -79,6 +80,8 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.rank, self.local_rank, self.world_size = init_distributed()
+        # One job per run folder, held until the process exits: a second one stops here, before reading anything.
+        self.run_lock = lock_on_rank0(cfg.out_dir, self.rank)
         from deepspeed.accelerator import get_accelerator
 
         self.device = torch.device(get_accelerator().device_name(self.local_rank)
@@ -356,6 +359,9 @@ class Trainer:
                             f"{self.world_size}: re-sharding the ZeRO-{self.cfg.deepspeed.zero_stage} optimizer state "
                             "through DeepSpeed's universal checkpoint")
         self.ckpt.load_engine(self.engine, tag_dir, universal=self.reshard)
+        bad_weights = module_weights_problem(self.engine.module)  # (ZeRO-3 files are not read before the load)
+        if bad_weights:
+            raise CheckpointError(f"cannot resume from {tag_dir}: its weights are not all finite ({bad_weights})")
         self.step = int(st["step"])
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
@@ -698,6 +704,11 @@ class Trainer:
         sibling folder renamed into place, :func:`.export.write_atomically`)."""
         from .export import save_hf, write_atomically
 
+        bad_weights = module_weights_problem(self.engine.module)
+        if bad_weights:  # every rank stops together, exit 3 as for a non-finite final validation loss
+            raise TrainingStopped(f"stopping: the weights at step {self.step} are not all finite ({bad_weights}); no "
+                                  f"Hugging Face export was written. The last checkpoint is {self._last_saved_path}",
+                                  EXIT_NONFINITE)
         sd = self.full_state_dict()
         if self.rank == 0:
             extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
@@ -712,6 +723,8 @@ class Trainer:
         self._restore_signals()
         if hasattr(self, "sink"):
             self.sink.close()
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()
 
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
@@ -719,6 +732,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
     from adaponder.data.errors import DataError
     from adaponder.errors import debug_requested
     from adaponder.modeling import AdaPonderConfigError
+    from adaponder.run_lock import RunLockError
 
     trainer = Trainer(cfg, resume)
     rank = int(os.environ.get("RANK", "0"))
@@ -734,7 +748,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
-    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
+    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError) as err:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
