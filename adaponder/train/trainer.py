@@ -39,6 +39,7 @@ from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
 from .distributed import broadcast_error, create_engine, deal, init_distributed
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
+from .resume_checks import log_review, reconcile_optimizer, review_resume
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
 from .gate_watch import GateWatch, gate_curves_png, gate_stats
 from .schedule import gate_warmup, learning_rate, ponder_schedule, stage
@@ -102,6 +103,9 @@ class Trainer:
 
         self._setup_data()
         self._setup_model()
+        from adaponder.data.fingerprint import data_identity
+
+        self.data_identity = data_identity(cfg.data, with_validation=bool(cfg.eval.every or cfg.eval.at_end))
         self.compat = self._compat()
         self.resume_state = (validate(self.resume_dir, self.compat, check_files=not files_verified)
                              if self.resume_dir is not None else None)
@@ -112,6 +116,8 @@ class Trainer:
                 raise CheckpointError(f"cannot resume from {self.resume_dir}: global_batch is {old_batch} in the "
                                       f"checkpoint but {self.plan.global_batch} in this run")
         self.schedule_changes = self._check_schedule()
+        self.review = review_resume(cfg, self.resume_dir, self.resume_state, self.data_identity,
+                                    reported=set(self._schedule_record()))
         # A checkpoint of another number of ranks: ZeRO 1-3 partition the optimizer state by rank, so it is loaded
         # through DeepSpeed's universal checkpoint (converted at load, CheckpointManager.load_engine).
         self.saved_world_size = int((self.resume_state or {}).get("world_size", self.world_size))
@@ -130,6 +136,8 @@ class Trainer:
         self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
         if self.resume_dir is not None:
             self._load(self.resume_dir)
+            self.review.optimizer = reconcile_optimizer(self.resume_dir, self.opt.param_groups, cfg.optim,
+                                                        cfg.train.allow_optim_change)
         else:
             seed_everything(cfg.train.seed + self.rank)
 
@@ -140,6 +148,7 @@ class Trainer:
             (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
         self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
+        log_review(self.sink.log, self.step, self.review)
         if self.schedule_changes:
             changes = "; ".join(self.schedule_changes)
             self.sink.log({"kind": "event", "step": self.step, "event": "schedule_changed", "changes": changes},
@@ -325,6 +334,7 @@ class Trainer:
                 "gate_watch": self.gate_watch.state_dict(),
                 "lr_schedule": self._schedule_record(),
                 "tokenizer": self.tokenizer_path, "config_fingerprint": self.cfg.fingerprint(),
+                "config": self.cfg.to_dict(), "data": self.data_identity,
                 "schedule": {"s0": self.plan.s0, "s1": self.plan.s1, "k_max": self.cfg.schedule.k_max,
                              "ponder_weight": self.cfg.schedule.ponder_weight,
                              "gates_only_steps": self.plan.gates_only_steps}}

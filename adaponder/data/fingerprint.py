@@ -1,0 +1,95 @@
+"""Which data a run trained on, as a short fingerprint a checkpoint records and a resume compares.
+
+Cheap and stable: nothing is re-read in full.
+
+* a prepared folder (``adaponder-prepare``): the SHA-256 of what ``meta.json`` records about the split — the
+  tokenizer fingerprint, the dtype and every shard's name, token count and content SHA-256 (hashed once, at
+  preparation);
+* an indexed dataset (``PREFIX.bin``/``PREFIX.idx``): the SHA-256 of both file sizes and of sampled 1 MiB blocks of
+  both files (every byte of a file up to 16 MiB).
+
+Two datasets of the same tokenizer and size but other content get different fingerprints; the same files moved
+to another folder keep theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import DataError
+
+_BLOCK = 1 << 20
+_BLOCKS = 16
+
+
+def _sampled_digest(path: Path, h: Any) -> None:
+    """Feed ``h`` with the size of ``path`` and ``_BLOCKS`` evenly spaced blocks of it (all of a small file)."""
+    size = path.stat().st_size
+    h.update(f"{path.suffix}:{size};".encode())
+    with open(path, "rb") as fh:
+        if size <= _BLOCK * _BLOCKS:
+            h.update(fh.read())
+            return
+        for i in range(_BLOCKS):
+            fh.seek(i * (size - _BLOCK) // (_BLOCKS - 1))
+            h.update(fh.read(_BLOCK))
+
+
+def indexed_fingerprint(prefix: str | os.PathLike[str]) -> str:
+    """Fingerprint of the indexed dataset ``PREFIX.idx`` + ``PREFIX.bin`` (sizes and sampled blocks)."""
+    from .indexed import bin_path, idx_path
+
+    h = hashlib.sha256(b"adaponder.indexed/v1;")
+    for path in (idx_path(prefix), bin_path(prefix)):
+        try:
+            _sampled_digest(path, h)
+        except OSError as err:
+            raise DataError(f"{path}: cannot read it to fingerprint the data ({err.strerror or err})") from None
+    return h.hexdigest()[:16]
+
+
+def packed_fingerprint(folder: str | os.PathLike[str], split: str) -> str:
+    """Fingerprint of one split of a prepared folder, from its ``meta.json`` (shard hashes of preparation)."""
+    from .layout import read_meta, split_info
+
+    meta = read_meta(folder)
+    info = split_info(meta, split, folder)
+    what = {"tokenizer": meta.get("tokenizer_fingerprint"), "dtype": meta.get("dtype"),
+            "shards": [[s.get("file"), s.get("tokens"), s.get("sha256")] for s in info.get("shards", [])]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def source_identity(kind: str, path: str, split: str | None = None) -> dict[str, Any]:
+    """``{"kind", "path", "split"?, "fingerprint"}`` of one data source (a prepared split, or an indexed prefix)."""
+    if kind == "indexed":
+        return {"kind": kind, "path": str(path), "fingerprint": indexed_fingerprint(path)}
+    return {"kind": kind, "path": str(path), "split": split, "fingerprint": packed_fingerprint(path, split or "train")}
+
+
+def data_identity(data: Any, with_validation: bool = True) -> dict[str, Any]:
+    """``{"train": identity, "val": identity or None}`` of a ``data:`` section (see
+    :mod:`adaponder.data.training_source`); ``val`` is None when the run validates on nothing."""
+    from .training_source import validation_source
+
+    fmt = getattr(data, "format", "packed")
+    train = source_identity(fmt, data.path, None if fmt == "indexed" else "train")
+    val = None
+    if with_validation:
+        src = validation_source(data)
+        val = source_identity(src["kind"], src["path"], src.get("split"))
+    return {"train": train, "val": val}
+
+
+def describe(identity: dict[str, Any] | None) -> str:
+    """``fingerprint (path[, split])`` for messages."""
+    if not identity:
+        return "none recorded"
+    where = identity.get("path", "?") + (f", split {identity['split']}" if identity.get("split") else "")
+    return f"{identity.get('fingerprint')} ({where})"
+
+
+__all__ = ["data_identity", "describe", "indexed_fingerprint", "packed_fingerprint", "source_identity"]
