@@ -20,6 +20,7 @@ signal handlers, launcher watch and exit codes :mod:`.stopping`'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaponder.errors import OutputError, writing
 from adaponder.seeding import seed_everything
 
 from . import metrics as M
@@ -143,9 +145,10 @@ class Trainer:
 
         out = cfg.out_dir
         if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-            (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
+            with writing(out, "the run's configuration into"):
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+                (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
         self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
         log_review(self.sink.log, self.step, self.review)
@@ -344,8 +347,14 @@ class Trainer:
             return self._last_saved_path  # nothing new since (e.g. a signal right after a resume)
         crash = self.cfg.debug.crash_in_save_at is not None and self.step == self.cfg.debug.crash_in_save_at
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(), "step": self.step}
-        path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
-                              model_config=self.model.config.to_dict(), crash=crash)
+        try:
+            path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
+                                  model_config=self.model.config.to_dict(), crash=crash)
+        except CheckpointError as err:
+            with contextlib.suppress(OutputError):  # (the same full disk may refuse the event too)
+                self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint_failed", "message": str(err),
+                               "stopping": self.stopping})
+            raise
         self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
                       f"checkpoint saved: {path}")
         self._last_saved, self._last_saved_path = self.step, path
@@ -672,12 +681,15 @@ class Trainer:
                 details = {"mode": self.model.config.mode, "steps": self.step, "tokens seen": self.tokens_seen,
                            "wall time (s)": f"{wall:.1f}", "final train loss": f"{last.get('loss', float('nan')):.4f}",
                            "ranks": self.world_size}
-                write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
-                if self.gated:
-                    self._report_gates()
+                with writing(cfg.out_dir / "report.md", "the run report"):
+                    write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
+                    if self.gated:
+                        self._report_gates()
                 M.write_console(console_report(final_eval))
                 M.write_console(f"report: {cfg.out_dir / 'report.md'}")
-            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+            with writing(cfg.out_dir / "summary.json", "the run summary"):
+                (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float),
+                                                          encoding="utf-8")
         return summary
 
     def _report_gates(self) -> None:
@@ -743,7 +755,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
-    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError) as err:
+    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, OutputError) as err:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
