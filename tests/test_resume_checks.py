@@ -132,3 +132,34 @@ def test_other_optimizer_values_are_refused_unless_allowed_and_then_applied(stop
     assert all(tuple(g["betas"]) == (0.8, 0.9) for g in groups)
     # (the step-2 checkpoint's optimizer held the old values: the change was real)
     assert all(tuple(g["betas"]) == (0.9, 0.95) for g in _param_groups(run / "checkpoints" / "step00000002"))
+
+
+def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(shared_data, tmp_path):
+    from helpers_finetune import FinetuneWorker, finetune_argv
+
+    glue = tmp_path / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    shutil.copy(shared_data / "glue" / "SST-2" / "dev.tsv", glue / "dev.tsv")
+    rows = (shared_data / "glue" / "SST-2" / "train.tsv").read_text().splitlines(keepends=True)
+    text, label = rows[1].rstrip("\n").split("\t")
+    rows[1] = f"{text}\t{1 - int(label)}\n"  # one label flipped: same task, size and tokenizer
+    (glue / "train.tsv").write_text("".join(rows))
+    out = tmp_path / "ft"
+    recipe = ["timing.enabled=false", "train.stop_at=1"]
+    worker = FinetuneWorker()
+    try:
+        code, log = worker.run(finetune_argv("sst2", out, *recipe))
+        assert code == 0, log[-3000:]
+        state = json.loads((out / "checkpoints" / "step00000001" / "trainer_state.json").read_text())
+        assert state["data"]["train"]["split"] == "train" and state["data"]["val"]["split"] == "dev"
+        old_fp = state["data"]["train"]["fingerprint"]
+        code, log = worker.run(finetune_argv("sst2", out, *recipe) + ["--resume", "auto", "--data-dir", str(glue.parent)])
+        assert code == 2, log[-3000:]
+        assert "the data differs from the checkpoint's (train data: " + old_fp in log
+        assert f"{glue.parent} (sst2), split train) now" in log and "val data" not in log
+        code, log = worker.run(finetune_argv("sst2", out, *recipe, "train.allow_data_change=true")
+                               + ["--resume", "auto", "--data-dir", str(glue.parent)])
+        assert code == 0, log[-3000:]
+        assert "data changed on resume (train.allow_data_change): train data: " + old_fp in log
+    finally:
+        worker.close()

@@ -84,6 +84,14 @@ def data_identity(data: Any, with_validation: bool = True) -> dict[str, Any]:
     return {"train": train, "val": val}
 
 
+def examples_fingerprint(examples: Any) -> str:
+    """Fingerprint of labelled text examples (anything with ``text_a``, ``text_b``, ``label``: a GLUE split)."""
+    h = hashlib.sha256(b"adaponder.examples/v1;")
+    for ex in examples:
+        h.update(json.dumps([ex.text_a, ex.text_b, ex.label]).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
 def describe(identity: dict[str, Any] | None) -> str:
     """``fingerprint (path[, split])`` for messages."""
     if not identity:
@@ -92,4 +100,4 @@ def describe(identity: dict[str, Any] | None) -> str:
     return f"{identity.get('fingerprint')} ({where})"
 
 
-__all__ = ["data_identity", "describe", "indexed_fingerprint", "packed_fingerprint", "source_identity"]
+__all__ = ["data_identity", "describe", "examples_fingerprint", "indexed_fingerprint", "packed_fingerprint", "source_identity"]
