@@ -60,6 +60,27 @@ def _other_data(src: Path, dest: Path) -> Path:
     return dest
 
 
+def test_data_fingerprints_follow_the_content_not_the_folder(data, tmp_path, monkeypatch):
+    from adaponder.data import fingerprint as F
+    from adaponder.data.indexed import write_indexed
+
+    docs = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
+    write_indexed(tmp_path / "a", docs)
+    (tmp_path / "moved").mkdir()
+    write_indexed(tmp_path / "moved" / "a", docs)
+    write_indexed(tmp_path / "b", [[1, 2, 3, 4], [5, 6, 7], [8, 10]])  # same sizes, one token differs
+    fa, fb = F.indexed_fingerprint(tmp_path / "a"), F.indexed_fingerprint(tmp_path / "b")
+    assert fa == F.indexed_fingerprint(tmp_path / "moved" / "a") and fa != fb
+    write_indexed(tmp_path / "c", [[9, 2, 3, 4], [5, 6, 7], [8, 9]])  # the same .idx, the first token differs
+    monkeypatch.setattr(F, "_BLOCK", 1)  # a .bin above 16 blocks: 16 sampled blocks (here single bytes)
+    assert F.indexed_fingerprint(tmp_path / "a") != F.indexed_fingerprint(tmp_path / "c")
+    assert (tmp_path / "a.idx").read_bytes() == (tmp_path / "c.idx").read_bytes()
+    moved = tmp_path / "prepared"
+    shutil.copytree(data["data"], moved)
+    assert F.packed_fingerprint(moved, "train") == F.packed_fingerprint(data["data"], "train")
+    assert F.packed_fingerprint(moved, "val") != F.packed_fingerprint(moved, "train")
+
+
 def test_resume_on_other_data_is_refused_unless_allowed_and_then_logged(stopped, data, launcher, tmp_path):
     from adaponder.data.fingerprint import packed_fingerprint
 

@@ -1,12 +1,13 @@
 """Which data a run trained on, as a short fingerprint a checkpoint records and a resume compares.
 
-Cheap and stable: nothing is re-read in full.
+Cheap and stable: no token file is re-read in full.
 
 * a prepared folder (``adaponder-prepare``): the SHA-256 of what ``meta.json`` records about the split — the
   tokenizer fingerprint, the dtype and every shard's name, token count and content SHA-256 (hashed once, at
   preparation);
-* an indexed dataset (``PREFIX.bin``/``PREFIX.idx``): the SHA-256 of both file sizes and of sampled 1 MiB blocks of
-  both files (every byte of a file up to 16 MiB).
+* an indexed dataset (``PREFIX.bin``/``PREFIX.idx``): the SHA-256 of the whole ``.idx`` (item and document sizes;
+  about 12 bytes per item), the ``.bin`` size and 16 sampled 1 MiB blocks of the ``.bin`` (all of a ``.bin`` up to
+  16 MiB). A change confined to unsampled tokens of a larger ``.bin``, sizes unchanged, goes unnoticed.
 
 Two datasets of the same tokenizer and size but other content get different fingerprints; the same files moved
 to another folder keep theirs.
@@ -26,13 +27,15 @@ _BLOCK = 1 << 20
 _BLOCKS = 16
 
 
-def _sampled_digest(path: Path, h: Any) -> None:
-    """Feed ``h`` with the size of ``path`` and ``_BLOCKS`` evenly spaced blocks of it (all of a small file)."""
+def _digest(path: Path, h: Any, sample: bool) -> None:
+    """Feed ``h`` with the size of ``path`` and its content: all of it, or with ``sample`` (and above
+    ``_BLOCKS`` blocks) ``_BLOCKS`` evenly spaced blocks of ``_BLOCK`` bytes."""
     size = path.stat().st_size
     h.update(f"{path.suffix}:{size};".encode())
     with open(path, "rb") as fh:
-        if size <= _BLOCK * _BLOCKS:
-            h.update(fh.read())
+        if not sample or size <= _BLOCK * _BLOCKS:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
             return
         for i in range(_BLOCKS):
             fh.seek(i * (size - _BLOCK) // (_BLOCKS - 1))
@@ -40,13 +43,14 @@ def _sampled_digest(path: Path, h: Any) -> None:
 
 
 def indexed_fingerprint(prefix: str | os.PathLike[str]) -> str:
-    """Fingerprint of the indexed dataset ``PREFIX.idx`` + ``PREFIX.bin`` (sizes and sampled blocks)."""
+    """Fingerprint of the indexed dataset ``PREFIX.idx`` (all of it: the sizes of every item and document) and
+    ``PREFIX.bin`` (its size and sampled blocks: the tokens are re-read by no resume)."""
     from .indexed import bin_path, idx_path
 
     h = hashlib.sha256(b"adaponder.indexed/v1;")
-    for path in (idx_path(prefix), bin_path(prefix)):
+    for path, sample in ((idx_path(prefix), False), (bin_path(prefix), True)):
         try:
-            _sampled_digest(path, h)
+            _digest(path, h, sample)
         except OSError as err:
             raise DataError(f"{path}: cannot read it to fingerprint the data ({err.strerror or err})") from None
     return h.hexdigest()[:16]
