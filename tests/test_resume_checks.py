@@ -92,8 +92,8 @@ def test_resume_on_other_data_is_refused_unless_allowed_and_then_logged(stopped,
     code, out = _resume(launcher, stopped, run, f"data.path={other}")
     assert code == 2, out[-3000:]
     assert "the data differs from the checkpoint's" in out
-    assert f"train data: {old_fp} ({data['data']}, split train) in the checkpoint, {new_fp} ({other}, split train) now" \
-        in out
+    assert (f"train data: {old_fp} ({data['data']}, split train) in the checkpoint, "
+            f"{new_fp} ({other}, split train) now") in out
     assert "val data:" not in out  # (the validation shards are the same)
     assert "--set train.allow_data_change=true" in out
     assert (run / "config.yaml").read_text() == config_before  # nothing written
@@ -174,12 +174,12 @@ def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(
         state = json.loads((out / "checkpoints" / "step00000001" / "trainer_state.json").read_text())
         assert state["data"]["train"]["split"] == "train" and state["data"]["val"]["split"] == "dev"
         old_fp = state["data"]["train"]["fingerprint"]
-        code, log = worker.run(finetune_argv("sst2", out, *recipe) + ["--resume", "auto", "--data-dir", str(glue.parent)])
+        resume = ["--resume", "auto", "--data-dir", str(glue.parent)]
+        code, log = worker.run(finetune_argv("sst2", out, *recipe) + resume)
         assert code == 2, log[-3000:]
         assert "the data differs from the checkpoint's (train data: " + old_fp in log
         assert f"{glue.parent} (sst2), split train) now" in log and "val data" not in log
-        code, log = worker.run(finetune_argv("sst2", out, *recipe, "train.allow_data_change=true")
-                               + ["--resume", "auto", "--data-dir", str(glue.parent)])
+        code, log = worker.run(finetune_argv("sst2", out, *recipe, "train.allow_data_change=true") + resume)
         assert code == 0, log[-3000:]
         assert "data changed on resume (train.allow_data_change): train data: " + old_fp in log
     finally:

@@ -104,4 +104,5 @@ def describe(identity: dict[str, Any] | None) -> str:
     return f"{identity.get('fingerprint')} ({where})"
 
 
-__all__ = ["data_identity", "describe", "examples_fingerprint", "indexed_fingerprint", "packed_fingerprint", "source_identity"]
+__all__ = ["data_identity", "describe", "examples_fingerprint", "indexed_fingerprint", "packed_fingerprint",
+           "source_identity"]

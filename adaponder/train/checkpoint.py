@@ -134,7 +134,7 @@ def _sharded(items: list[str], fn: Callable[[str], Any], threads: bool = True) -
 
 def _gather(item: Any) -> list[Any]:
     """Collective: ``item`` of every rank (a list of one outside a process group)."""
-    rank, world = _dist_rank_world()
+    _, world = _dist_rank_world()
     if world == 1:
         return [item]
     boxes: list[Any] = [None] * world

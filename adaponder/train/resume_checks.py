@@ -163,5 +163,5 @@ def log_review(log: Any, step: int, review: ResumeReview) -> None:
             f"resumed with changed settings: {line}")
 
 
-__all__ = ["ResumeReview", "log_review", "reconcile_optimizer", "review_resume", "OPTIM_KEYS", "apply_optimizer_values", "check_data", "data_changes",
-           "setting_changes"]
+__all__ = ["OPTIM_KEYS", "ResumeReview", "apply_optimizer_values", "check_data", "data_changes", "log_review",
+           "reconcile_optimizer", "review_resume", "setting_changes"]
