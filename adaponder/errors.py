@@ -39,6 +39,28 @@ class UsageError(ValueError):
     """A command-line argument that cannot work (a missing checkpoint folder, a window beyond the context)."""
 
 
+class OutputError(RuntimeError):
+    """An output that could not be written (disk full, a quota, a read-only or vanished folder). The message names
+    the path and what was being written; nothing the tool had written before is damaged."""
+
+
+def os_reason(err: OSError) -> str:
+    """The operating system's words for ``err`` (``No space left on device``), without the path it repeats."""
+    return err.strerror or str(err) or type(err).__name__
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """Within the block, an ``OSError`` becomes one :class:`OutputError`: ``could not write <what> <path>
+    (<reason>)`` — e.g. a full disk while appending to ``metrics.jsonl`` — instead of a traceback."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as err:
+        raise OutputError(f"could not write {what} {path} ({os_reason(err)})") from err
+
+
 @contextlib.contextmanager
 def debug_tracebacks(on: bool) -> Iterator[None]:
     """Within the block, user errors keep their traceback when ``on`` (nested blocks never switch it off)."""
@@ -57,7 +79,7 @@ def debug_requested() -> bool:
 
 def is_user_error(err: BaseException) -> bool:
     """Whether ``err`` is something the user can fix (see the module doc), as opposed to a bug."""
-    if isinstance(err, (UsageError, *_PATH_ERRORS)):
+    if isinstance(err, (UsageError, OutputError, *_PATH_ERRORS)):
         return True
     for module, name in _PROJECT_ERRORS:
         cls = getattr(sys.modules.get(module), name, None)
@@ -88,4 +110,5 @@ def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint") 
     return p
 
 
-__all__ = ["UsageError", "debug_requested", "debug_tracebacks", "is_user_error", "one_line", "require_checkpoint"]
+__all__ = ["OutputError", "UsageError", "debug_requested", "debug_tracebacks", "is_user_error", "one_line", "os_reason",
+           "require_checkpoint", "writing"]

@@ -25,6 +25,7 @@ Command line: ``adaponder-prepare`` (:mod:`adaponder.cli.prepare`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import multiprocessing as mp
@@ -42,6 +43,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from adaponder.run_lock import lock_beside, pid_alive
+from adaponder.errors import os_reason
 
 from .errors import DataError
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
@@ -242,6 +244,23 @@ def _remove_stale_temporaries(out: Path) -> None:
         print(f"removed {path} ({size:,} bytes), left by an interrupted adaponder-prepare", file=sys.stderr)
 
 
+# errno values that say the output cannot be written (disk full, quota, file too large, read-only filesystem)
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _write_failure(err: BaseException, out: Path, tmp: Path) -> DataError | None:
+    """One :class:`DataError` naming the output for an ``OSError`` of writing it (a full disk while the shards
+    are written), after the temporary folder is gone; None for other errors (e.g. an unreadable input)."""
+    if not isinstance(err, OSError):
+        return None
+    name = str(err.filename or "")
+    if err.errno not in _WRITE_ERRNOS and not (name and name.startswith(str(tmp))):
+        return None
+    state = "untouched" if out.exists() else "not created"
+    return DataError(f"could not write the prepared data {out} ({os_reason(err)}, while writing its temporary "
+                     f"folder {tmp}); the temporary folder was removed and {out} is {state}")
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     if out.exists():
         trash = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
@@ -337,6 +356,7 @@ def prepare(
         lock.release()
         raise
     try:
+        tmp.mkdir()
         if train_tokenizer is not None:
             tok = _train_tokenizer(sources, text_field, errors, val_fraction, seed, train_tokenizer, tmp)
         else:
@@ -423,8 +443,11 @@ def prepare(
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _move_into_place(tmp, out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        failure = _write_failure(err, out, tmp)
+        if failure is not None:
+            raise failure from None
         raise
     finally:
         lock.release()

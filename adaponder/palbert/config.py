@@ -131,6 +131,8 @@ class TrainSection:
     save_model: bool = False
     stop_at: Count | None = None
     threads: NonNegativeInt = 0
+    #: A resume may continue on other GLUE data (another fingerprint of the train or dev examples) only when true.
+    allow_data_change: bool = False
 
 
 @dataclass

@@ -95,7 +95,9 @@ from adaponder.train.checkpoint import (
     tag_for,
     validate,
 )
+from adaponder.data.fingerprint import examples_fingerprint
 from adaponder.train.distributed import create_engine, destroy_at_exit, init_distributed, lock_on_rank0
+from adaponder.train.resume_checks import ResumeReview, check_data, log_review
 from adaponder.train.stopping import (
     EXIT_NONFINITE,
     TrainingStopped,
@@ -284,6 +286,11 @@ class FineTuner:
         self.compat = self._compat()
         resume_state = (validate(self.resume_dir, self.compat, check_files=not verified)
                         if self.resume_dir is not None else None)
+        self.data_identity = self._data_identity()
+        review = ResumeReview()
+        if resume_state is not None:
+            review.data, review.data_notice = check_data(self.resume_dir, resume_state.get("data"),
+                                                         self.data_identity, cfg.train.allow_data_change)
         self._setup_engine()
         self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world)
 
@@ -300,6 +307,7 @@ class FineTuner:
             (self.output / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         self.sink = M.MetricsSink(self.output, cfg.logging, self.rank, self.step if self.resume_dir else None,
                                   cfg.to_dict())
+        log_review(self.sink.log, self.step, review)
         self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone)
         self.results = self._results_base()
 
@@ -364,6 +372,15 @@ class FineTuner:
                 "precision": self.cfg.deepspeed.precision, "seed": t.seed, "max_length": self.cfg.data.max_length,
                 "tokenizer_fingerprint": self.tokenizer.fingerprint, "train_examples": self.counts["train"]}
 
+    def _data_identity(self) -> dict[str, Any]:
+        """The GLUE data of the run, as a checkpoint records it: the source and a fingerprint of every example."""
+        src = self.data_dir or self.cfg.data.hf_dataset
+        if self.data_dir is None and self.cfg.data.hf_revision:
+            src = f"{src}@{self.cfg.data.hf_revision}"
+        return {role: {"kind": "glue", "path": f"{src} ({self.spec.name})", "split": split,
+                       "fingerprint": examples_fingerprint(self.glue[split])}
+                for role, split in (("train", "train"), ("val", "dev"))}
+
     def _setup_engine(self) -> None:
         from adaponder.train.ds_config import build_ds_config, clips_in_deepspeed
 
@@ -386,7 +403,8 @@ class FineTuner:
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        return {"compat": self.compat, "config": self.cfg.to_dict(), "total_steps": self.total_steps,
+        return {"compat": self.compat, "config": self.cfg.to_dict(), "data": self.data_identity,
+                "total_steps": self.total_steps,
                 "steps_per_epoch": self.steps_per_epoch, "history": self.history, "running": self.running,
                 "best_step": self.best_step, "best_score": self.best_score, "bad_evals": self.bad_evals,
                 "last_eval_step": self.last_eval_step, "stopped_early": self.stopped_early,

@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from .finite_weights import module_weights_problem
+from adaponder.errors import os_reason
 
 TAG_RE = re.compile(r"^step(\d{8,})$")
 STATE_FILE = "trainer_state.json"
@@ -91,11 +92,15 @@ def _fsync_dir(path: Path) -> None:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk: no half-written temporary left behind)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -131,6 +136,16 @@ def _sharded(items: list[str], fn: Callable[[str], Any], threads: bool = True) -
     for box in boxes:
         merged.update(box)
     return merged
+
+
+def _gather(item: Any) -> list[Any]:
+    """Collective: ``item`` of every rank (a list of one outside a process group)."""
+    _, world = _dist_rank_world()
+    if world == 1:
+        return [item]
+    boxes: list[Any] = [None] * world
+    dist.all_gather_object(boxes, item)
+    return boxes
 
 
 # -- content hashes ---------------------------------------------------------------------------------------
@@ -487,11 +502,17 @@ class CheckpointManager:
             remove_stale_temporaries(self.dir)
         _barrier()
         t0 = time.perf_counter()
-        engine.save_checkpoint(str(self.dir), tag=tmp_tag, client_state={"step": step}, save_latest=False)
-        torch.save(rank_state, tmp / f"rank{self.rank:05d}.pt")
-        if self.rank == 0 and model_config is not None:
-            (tmp / "config.json").write_text(json.dumps(model_config, indent=2, sort_keys=True), encoding="utf-8")
-        _barrier()
+        try:
+            engine.save_checkpoint(str(self.dir), tag=tmp_tag, client_state={"step": step}, save_latest=False)
+            torch.save(rank_state, tmp / f"rank{self.rank:05d}.pt")
+            if self.rank == 0 and model_config is not None:
+                (tmp / "config.json").write_text(json.dumps(model_config, indent=2, sort_keys=True), encoding="utf-8")
+            error = None
+        except OSError as err:  # (disk full, quota...): every rank must hear of it, or the others would wait
+            error = os_reason(err)
+        errors = [e for e in _gather(error) if e]
+        if errors:
+            raise self._write_failed(final, tmp, errors[0])
         if crash:
             raise SimulatedCrash(f"simulated crash in the middle of saving step {step} (debug.crash_in_save_at)")
         # Every file as written: sizes and SHA-256 (listed by rank 0, hashed by all ranks together).
@@ -505,14 +526,22 @@ class CheckpointManager:
             state = {"format": FORMAT, "step": step, "tag": tag, "world_size": self.world_size,
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
                      **trainer_state, "manifest": manifest, HASH_KEY: digests, FINITE_KEY: finite}
-            _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
+            try:
+                _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
+            except OSError as err:
+                raise self._write_failed(final, tmp, os_reason(err)) from None
             old = None
             if final.exists():  # a run resumed from an earlier checkpoint reaches this step again
                 old = self.dir / f".old-{tag}-{os.getpid()}"
                 os.replace(final, old)
             os.replace(tmp, final)
             _fsync_dir(self.dir)
-            _atomic_write(self.dir / "latest", tag.encode())
+            try:
+                _atomic_write(self.dir / "latest", tag.encode())
+            except OSError as err:
+                raise CheckpointError(f"could not write {self.dir / 'latest'} ({os_reason(err)}): the checkpoint "
+                                      f"{final} is complete, but 'latest' still names the one before; resume with "
+                                      f"--resume {final}") from None
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
             self._rotate(keep_tag=tag, protect=protect)
@@ -527,6 +556,16 @@ class CheckpointManager:
                 dist.broadcast_object_list(box, src=0)
             self._owner_pid = int(box[0])
         return self._owner_pid
+
+    def _write_failed(self, final: Path, tmp: Path, reason: str) -> CheckpointError:
+        """The error of a save that could not write its files: the temporary folder is removed (rank 0), the
+        checkpoints already saved and ``latest`` are untouched; the message names them."""
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        latest = read_latest(self.dir)
+        kept = (f"the last good checkpoint {self.dir / latest} is untouched" if latest
+                else "no earlier checkpoint exists")
+        return CheckpointError(f"could not write checkpoint {final} ({reason}); {kept}")
 
     def _rotate(self, keep_tag: str, protect: tuple[str, ...] = ()) -> None:
         tags = [t for t in list_tags(self.dir) if t not in protect]

@@ -198,6 +198,11 @@ class RunConfig:
     threads: Count | None = None
     #: Resume may change the schedule-defining keys only when true.
     allow_schedule_change: bool = False
+    #: Resume may continue on other data (another training or validation data fingerprint) only when true.
+    allow_data_change: bool = False
+    #: Resume may change ``optim.weight_decay``, ``optim.betas`` or ``optim.eps`` only when true (then applied to
+    #: the optimizer restored from the checkpoint).
+    allow_optim_change: bool = False
 
 
 @dataclass
@@ -289,7 +294,8 @@ class TrainConfig:
     def fingerprint(self) -> str:
         what = self.to_dict()
         # A permission for one resume, not part of what the run is (and fingerprints on disk predate it).
-        del what["train"]["allow_schedule_change"]
+        for permission in ("allow_schedule_change", "allow_data_change", "allow_optim_change"):
+            del what["train"][permission]
         # Keys added later enter only when set, so the fingerprints of runs that predate them stay the same.
         for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0)):
             if what["schedule"].get(key) == default:

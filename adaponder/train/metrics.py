@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from adaponder.errors import writing
 from adaponder.modeling.exits import exit_counts
 
 # Layout of the per-step statistics vector (summed over micro-batches and ranks by one all-reduce).
@@ -127,12 +128,13 @@ class MetricsSink:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
         if cfg.jsonl:
-            path = out_dir / "metrics.jsonl"
-            if resume_step is not None and path.is_file():
-                _truncate_after(path, resume_step)
-            elif resume_step is None and path.is_file():
-                path.unlink()
-            self.jsonl = open(path, "a", encoding="utf-8")
+            self.path = path = out_dir / "metrics.jsonl"
+            with writing(path, "the metrics log"):
+                if resume_step is not None and path.is_file():
+                    _truncate_after(path, resume_step)
+                elif resume_step is None and path.is_file():
+                    path.unlink()
+                self.jsonl = open(path, "a", encoding="utf-8")
         if cfg.wandb:
             self.wandb = _init_wandb(out_dir, cfg, run_config, resume_step is not None)
 
@@ -140,8 +142,9 @@ class MetricsSink:
         if not self.enabled:
             return
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record, default=float) + "\n")
-            self.jsonl.flush()
+            with writing(self.path, "the metrics log"):
+                self.jsonl.write(json.dumps(record, default=float) + "\n")
+                self.jsonl.flush()
         if self.wandb is not None:
             kind = record.get("kind", "train")
             flat = {}
@@ -159,8 +162,11 @@ class MetricsSink:
 
     def close(self) -> None:
         if self.jsonl is not None:
-            self.jsonl.close()
-            self.jsonl = None
+            jsonl, self.jsonl = self.jsonl, None
+            try:
+                jsonl.close()
+            except OSError:  # (the unflushed rest of a failed write: its error was raised already)
+                pass
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None

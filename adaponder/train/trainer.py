@@ -20,6 +20,7 @@ signal handlers, launcher watch and exit codes :mod:`.stopping`'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaponder.errors import OutputError, writing
 from adaponder.seeding import seed_everything
 
 from . import metrics as M
@@ -40,6 +42,7 @@ from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, 
 from .finite_weights import module_weights_problem
 from .ds_config import build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
+from .resume_checks import log_review, reconcile_optimizer, review_resume
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
 from .gate_watch import GateWatch, gate_curves_png, gate_stats
 from .schedule import gate_warmup, learning_rate, ponder_schedule, stage
@@ -105,6 +108,9 @@ class Trainer:
 
         self._setup_data()
         self._setup_model()
+        from adaponder.data.fingerprint import data_identity
+
+        self.data_identity = data_identity(cfg.data, with_validation=bool(cfg.eval.every or cfg.eval.at_end))
         self.compat = self._compat()
         self.resume_state = (validate(self.resume_dir, self.compat, check_files=not files_verified)
                              if self.resume_dir is not None else None)
@@ -115,6 +121,8 @@ class Trainer:
                 raise CheckpointError(f"cannot resume from {self.resume_dir}: global_batch is {old_batch} in the "
                                       f"checkpoint but {self.plan.global_batch} in this run")
         self.schedule_changes = self._check_schedule()
+        self.review = review_resume(cfg, self.resume_dir, self.resume_state, self.data_identity,
+                                    reported=set(self._schedule_record()))
         # A checkpoint of another number of ranks: ZeRO 1-3 partition the optimizer state by rank, so it is loaded
         # through DeepSpeed's universal checkpoint (converted at load, CheckpointManager.load_engine).
         self.saved_world_size = int((self.resume_state or {}).get("world_size", self.world_size))
@@ -133,16 +141,20 @@ class Trainer:
         self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
         if self.resume_dir is not None:
             self._load(self.resume_dir)
+            self.review.optimizer = reconcile_optimizer(self.resume_dir, self.opt.param_groups, cfg.optim,
+                                                        cfg.train.allow_optim_change)
         else:
             seed_everything(cfg.train.seed + self.rank)
 
         out = cfg.out_dir
         if self.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-            (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
+            with writing(out, "the run's configuration into"):
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+                (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
         run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
         self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
+        log_review(self.sink.log, self.step, self.review)
         if self.schedule_changes:
             changes = "; ".join(self.schedule_changes)
             self.sink.log({"kind": "event", "step": self.step, "event": "schedule_changed", "changes": changes},
@@ -328,6 +340,7 @@ class Trainer:
                 "gate_watch": self.gate_watch.state_dict(),
                 "lr_schedule": self._schedule_record(),
                 "tokenizer": self.tokenizer_path, "config_fingerprint": self.cfg.fingerprint(),
+                "config": self.cfg.to_dict(), "data": self.data_identity,
                 "schedule": {"s0": self.plan.s0, "s1": self.plan.s1, "k_max": self.cfg.schedule.k_max,
                              "ponder_weight": self.cfg.schedule.ponder_weight,
                              "gates_only_steps": self.plan.gates_only_steps}}
@@ -337,8 +350,14 @@ class Trainer:
             return self._last_saved_path  # nothing new since (e.g. a signal right after a resume)
         crash = self.cfg.debug.crash_in_save_at is not None and self.step == self.cfg.debug.crash_in_save_at
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(), "step": self.step}
-        path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
-                              model_config=self.model.config.to_dict(), crash=crash)
+        try:
+            path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
+                                  model_config=self.model.config.to_dict(), crash=crash)
+        except CheckpointError as err:
+            with contextlib.suppress(OutputError):  # (the same full disk may refuse the event too)
+                self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint_failed", "message": str(err),
+                               "stopping": self.stopping})
+            raise
         self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
                       f"checkpoint saved: {path}")
         self._last_saved, self._last_saved_path = self.step, path
@@ -666,12 +685,15 @@ class Trainer:
                 details = {"mode": self.model.config.mode, "steps": self.step, "tokens seen": self.tokens_seen,
                            "wall time (s)": f"{wall:.1f}", "final train loss": f"{last.get('loss', float('nan')):.4f}",
                            "ranks": self.world_size}
-                write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
-                if self.gated:
-                    self._report_gates()
+                with writing(cfg.out_dir / "report.md", "the run report"):
+                    write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
+                    if self.gated:
+                        self._report_gates()
                 M.write_console(console_report(final_eval))
                 M.write_console(f"report: {cfg.out_dir / 'report.md'}")
-            (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+            with writing(cfg.out_dir / "summary.json", "the run summary"):
+                (cfg.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float),
+                                                          encoding="utf-8")
         return summary
 
     def _report_gates(self) -> None:
@@ -748,7 +770,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
-    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError) as err:
+    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError, OutputError) as err:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
         # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.

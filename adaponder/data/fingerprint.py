@@ -1,0 +1,108 @@
+"""Which data a run trained on, as a short fingerprint a checkpoint records and a resume compares.
+
+Cheap and stable: no token file is re-read in full.
+
+* a prepared folder (``adaponder-prepare``): the SHA-256 of what ``meta.json`` records about the split — the
+  tokenizer fingerprint, the dtype and every shard's name, token count and content SHA-256 (hashed once, at
+  preparation);
+* an indexed dataset (``PREFIX.bin``/``PREFIX.idx``): the SHA-256 of the whole ``.idx`` (item and document sizes;
+  about 12 bytes per item), the ``.bin`` size and 16 sampled 1 MiB blocks of the ``.bin`` (all of a ``.bin`` up to
+  16 MiB). A change confined to unsampled tokens of a larger ``.bin``, sizes unchanged, goes unnoticed.
+
+Two datasets of the same tokenizer and size but other content get different fingerprints; the same files moved
+to another folder keep theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import DataError
+
+_BLOCK = 1 << 20
+_BLOCKS = 16
+
+
+def _digest(path: Path, h: Any, sample: bool) -> None:
+    """Feed ``h`` with the size of ``path`` and its content: all of it, or with ``sample`` (and above
+    ``_BLOCKS`` blocks) ``_BLOCKS`` evenly spaced blocks of ``_BLOCK`` bytes."""
+    size = path.stat().st_size
+    h.update(f"{path.suffix}:{size};".encode())
+    with open(path, "rb") as fh:
+        if not sample or size <= _BLOCK * _BLOCKS:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+            return
+        for i in range(_BLOCKS):
+            fh.seek(i * (size - _BLOCK) // (_BLOCKS - 1))
+            h.update(fh.read(_BLOCK))
+
+
+def indexed_fingerprint(prefix: str | os.PathLike[str]) -> str:
+    """Fingerprint of the indexed dataset ``PREFIX.idx`` (all of it: the sizes of every item and document) and
+    ``PREFIX.bin`` (its size and sampled blocks: the tokens are re-read by no resume)."""
+    from .indexed import bin_path, idx_path
+
+    h = hashlib.sha256(b"adaponder.indexed/v1;")
+    for path, sample in ((idx_path(prefix), False), (bin_path(prefix), True)):
+        try:
+            _digest(path, h, sample)
+        except OSError as err:
+            raise DataError(f"{path}: cannot read it to fingerprint the data ({err.strerror or err})") from None
+    return h.hexdigest()[:16]
+
+
+def packed_fingerprint(folder: str | os.PathLike[str], split: str) -> str:
+    """Fingerprint of one split of a prepared folder, from its ``meta.json`` (shard hashes of preparation)."""
+    from .layout import read_meta, split_info
+
+    meta = read_meta(folder)
+    info = split_info(meta, split, folder)
+    what = {"tokenizer": meta.get("tokenizer_fingerprint"), "dtype": meta.get("dtype"),
+            "shards": [[s.get("file"), s.get("tokens"), s.get("sha256")] for s in info.get("shards", [])]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def source_identity(kind: str, path: str, split: str | None = None) -> dict[str, Any]:
+    """``{"kind", "path", "split"?, "fingerprint"}`` of one data source (a prepared split, or an indexed prefix)."""
+    if kind == "indexed":
+        return {"kind": kind, "path": str(path), "fingerprint": indexed_fingerprint(path)}
+    return {"kind": kind, "path": str(path), "split": split, "fingerprint": packed_fingerprint(path, split or "train")}
+
+
+def data_identity(data: Any, with_validation: bool = True) -> dict[str, Any]:
+    """``{"train": identity, "val": identity or None}`` of a ``data:`` section (see
+    :mod:`adaponder.data.training_source`); ``val`` is None when the run validates on nothing."""
+    from .training_source import validation_source
+
+    fmt = getattr(data, "format", "packed")
+    train = source_identity(fmt, data.path, None if fmt == "indexed" else "train")
+    val = None
+    if with_validation:
+        src = validation_source(data)
+        val = source_identity(src["kind"], src["path"], src.get("split"))
+    return {"train": train, "val": val}
+
+
+def examples_fingerprint(examples: Any) -> str:
+    """Fingerprint of labelled text examples (anything with ``text_a``, ``text_b``, ``label``: a GLUE split)."""
+    h = hashlib.sha256(b"adaponder.examples/v1;")
+    for ex in examples:
+        h.update(json.dumps([ex.text_a, ex.text_b, ex.label]).encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def describe(identity: dict[str, Any] | None) -> str:
+    """``fingerprint (path[, split])`` for messages."""
+    if not identity:
+        return "none recorded"
+    where = identity.get("path", "?") + (f", split {identity['split']}" if identity.get("split") else "")
+    return f"{identity.get('fingerprint')} ({where})"
+
+
+__all__ = ["data_identity", "describe", "examples_fingerprint", "indexed_fingerprint", "packed_fingerprint",
+           "source_identity"]
