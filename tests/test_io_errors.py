@@ -28,7 +28,10 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 class _Engine:
-    """What CheckpointManager.save needs of a DeepSpeed engine: its files, written with torch.save."""
+    """What CheckpointManager.save needs of a DeepSpeed engine: its module (whose weights are checked for
+    non-finite values) and its files, written with torch.save."""
+
+    module = torch.nn.Linear(2, 2)
 
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)

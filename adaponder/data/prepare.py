@@ -356,7 +356,6 @@ def prepare(
         lock.release()
         raise
     try:
-        tmp.mkdir()
         if train_tokenizer is not None:
             tok = _train_tokenizer(sources, text_field, errors, val_fraction, seed, train_tokenizer, tmp)
         else:
