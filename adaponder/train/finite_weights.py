@@ -29,8 +29,13 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
 
 def _local_tensors(module: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
     """This rank's weights: the parameters, or under ZeRO-3 this rank's partition of each (``ds_tensor``)."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     for name, p in module.named_parameters():
-        yield name, p.ds_tensor if hasattr(p, "ds_tensor") else p.detach()
+        if hasattr(p, "ds_tensor"):  # the partition is padded to equal sizes: the padding is never initialised
+            part = p.ds_tensor.detach().reshape(-1)
+            yield name, part[:max(0, min(part.numel(), int(p.ds_numel) - rank * part.numel()))]
+        else:
+            yield name, p.detach()
 
 
 def module_weights_problem(module: torch.nn.Module) -> str | None:
