@@ -76,14 +76,17 @@ def guarded_cpu_adam(param_groups, **kwargs):
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Four groups: (backbone | gates) × (decay | no decay). Biases and norm weights (1-D) are not decayed.
+    """Four groups: (backbone | gates) × (decay | no decay). Biases and norm weights (1-D, by their full shape) are not decayed.
     The ``part`` key lets the trainer freeze the backbone (A14)."""
     groups = {(part, decay): [] for part in ("backbone", "gates") for decay in (True, False)}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         part = "gates" if name.startswith("gates.") else "backbone"
-        groups[(part, p.ndim >= 2)].append(p)
+        # Under ZeRO-3 a parameter built inside zero.Init holds an empty 1-D partition; its real shape is
+        # ds_shape. Reading p.ndim there would put every matrix in the no-decay group.
+        shape = getattr(p, "ds_shape", p.shape)
+        groups[(part, len(shape) >= 2)].append(p)
     out = []
     for (part, decay), params in groups.items():
         if params:
