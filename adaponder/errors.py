@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,27 @@ class OutputError(RuntimeError):
 def os_reason(err: OSError) -> str:
     """The operating system's words for ``err`` (``No space left on device``), without the path it repeats."""
     return err.strerror or str(err) or type(err).__name__
+
+
+# What torch.save's zip writer raises when a write fails (a full disk gives no OSError there).
+_TORCH_WRITE_FAILURES = ("iostream error", "inline_container", "PytorchStreamWriter", "unexpected pos")
+
+
+def write_failure_reason(err: BaseException, folder: str | os.PathLike[str]) -> str | None:
+    """Why writing into ``folder`` failed, in the operating system's words, or ``None`` when ``err`` is not a
+    write failure. ``torch.save`` reports a full disk as a ``RuntimeError`` from its zip writer; the free space
+    left on ``folder``'s file system tells that case apart from other write errors."""
+    if isinstance(err, OSError):
+        return os_reason(err)
+    if not isinstance(err, RuntimeError) or not any(m in str(err) for m in _TORCH_WRITE_FAILURES):
+        return None
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if free is not None and free < 1 << 20:
+        return f"No space left on device ({free:,} bytes free)"
+    return f"write error: {one_line(str(err))}"
 
 
 @contextlib.contextmanager
@@ -111,4 +133,4 @@ def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint") 
 
 
 __all__ = ["OutputError", "UsageError", "debug_requested", "debug_tracebacks", "is_user_error", "one_line", "os_reason",
-           "require_checkpoint", "writing"]
+           "require_checkpoint", "write_failure_reason", "writing"]

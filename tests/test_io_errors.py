@@ -156,3 +156,85 @@ def test_metrics_log_on_a_full_disk_is_one_clear_error(tmp_path, monkeypatch, ca
     assert T.run(SimpleNamespace()) == 2
     assert capsys.readouterr().err.strip() == f"error: could not write the metrics log {tmp_path / 'metrics.jsonl'} " \
                                               f"({ENOSPC})"
+
+
+class _BigEngine(_Engine):
+    """Checkpoint files of ~1 MB, so a small file system fills within the second save."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.ones(256 * 1024), **client_state}, Path(save_dir) / tag / "mp_rank_00_model_states.pt")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.6 MB tmpfs (root only; skipped elsewhere): a real full disk, not an injected error."""
+    import os
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield disk
+    subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_really_full_disk_under_torch_save_is_one_error_and_keeps_the_last_good_checkpoint(small_disk):
+    """torch.save's zip writer reports a full disk as a RuntimeError, not an OSError."""
+    from adaponder.train.checkpoint import CheckpointError, CheckpointManager
+
+    ck = small_disk / "ck"
+    mgr = CheckpointManager(ck, keep=3, rank=0, world_size=1)
+    mgr.save(_BigEngine(), 2, rank_state={"step": 2}, trainer_state={})
+    before = _digest(ck / "step00000002")
+    with pytest.raises(CheckpointError) as err:
+        mgr.save(_BigEngine(), 4, rank_state={"step": 4}, trainer_state={})
+    assert str(err.value).startswith(f"could not write checkpoint {ck / 'step00000004'} (No space left on device ")
+    assert str(err.value).endswith(f"the last good checkpoint {ck / 'step00000002'} is untouched")
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step00000002"]
+    assert _digest(ck / "step00000002") == before
+
+
+@pytest.mark.parametrize("free, reason", [(0, "No space left on device (0 bytes free)"),
+                                          (10 << 30, "write error: [enforce fail at inline_container.cc:672] .")])
+def test_torch_writer_failures_are_named_by_the_space_left(tmp_path, monkeypatch, free, reason):
+    import shutil
+
+    from adaponder.train import checkpoint as C
+
+    mgr, ck = _manager_with_one_checkpoint(tmp_path)
+    failure = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 387840 vs 387728")
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (_ for _ in ()).throw(failure)
+                        if "mp_rank_00" in str(f) else real_save(obj, f, *a, **k))
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: SimpleNamespace(total=1 << 40, used=0, free=free))
+    with pytest.raises(C.CheckpointError) as err:
+        mgr.save(_Engine(), 4, rank_state={"step": 4}, trainer_state={})
+    assert f"could not write checkpoint {ck / 'step00000004'} ({reason}" in str(err.value)
+    assert (ck / "latest").read_text() == "step00000002"
+
+
+def test_other_runtime_errors_in_a_save_are_not_dressed_as_write_failures(tmp_path, monkeypatch):
+    mgr, _ = _manager_with_one_checkpoint(tmp_path)
+    monkeypatch.setattr(torch, "save", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        mgr.save(_Engine(), 4, rank_state={"step": 4}, trainer_state={})
+
+
+def test_an_export_on_a_full_disk_is_one_error_and_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    from adaponder.errors import OutputError
+    from adaponder.train import export as E
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("earlier export")
+
+    def fill_disk(folder):
+        (folder / "config.json").write_text("{}")
+        _enospc()
+
+    with pytest.raises(OutputError) as err:
+        E.write_atomically(out, fill_disk, overwrite=True)
+    assert str(err.value) == f"could not write the export {out} ({ENOSPC}); {out} was left as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"] and (out / "keep.txt").read_text() == "earlier export"

@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from .finite_weights import module_weights_problem
-from adaponder.errors import os_reason
+from adaponder.errors import os_reason, write_failure_reason
 
 TAG_RE = re.compile(r"^step(\d{8,})$")
 STATE_FILE = "trainer_state.json"
@@ -508,8 +508,10 @@ class CheckpointManager:
             if self.rank == 0 and model_config is not None:
                 (tmp / "config.json").write_text(json.dumps(model_config, indent=2, sort_keys=True), encoding="utf-8")
             error = None
-        except OSError as err:  # (disk full, quota...): every rank must hear of it, or the others would wait
-            error = os_reason(err)
+        except (OSError, RuntimeError) as err:  # (disk full, quota...): every rank must hear of it, or the
+            error = write_failure_reason(err, self.dir)  # others would wait
+            if error is None:
+                raise
         errors = [e for e in _gather(error) if e]
         if errors:
             raise self._write_failed(final, tmp, errors[0])

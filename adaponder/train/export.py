@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from adaponder.errors import OutputError, write_failure_reason
+
 
 def save_tokenizer(out_dir: str | Path, tokenizer_path: str | None = None) -> bool:
     """Save the training tokenizer as a ``PreTrainedTokenizerFast`` into ``out_dir`` (HF tokenizers JSON only).
@@ -141,7 +143,13 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
     _remove_stale(out)
     tmp.mkdir()
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except (OSError, RuntimeError) as err:
+            reason = write_failure_reason(err, tmp)
+            if reason is None:
+                raise
+            raise OutputError(f"could not write the export {out} ({reason}); {out} was left as it was") from err
         check_output_dir(out, overwrite)  # something may have appeared there meanwhile
         moved = False
         if out.exists():

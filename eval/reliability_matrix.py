@@ -1,0 +1,614 @@
+"""The reliability matrix: every failure case of docs/reliability.md run as a user meets it, end to end.
+
+Each case runs the real command-line tools (or a short Python script for the model API) in a fresh process with
+a time limit and sorts the outcome into one class:
+
+* ``clear error``  — the expected refusal: the expected exit code, one ``error:`` line (or the expected
+  exception's message) naming what it must name, no traceback;
+* ``recovered``    — the operation completed and what it left is correct (checked per case);
+* ``hang``         — the time limit ran out;
+* ``traceback``    — a user error shown as a stack trace;
+* ``silent``       — exit 0 (or no exception) where a refusal was due, or a wrong result accepted;
+* ``data loss``    — something already saved was lost or left unloadable;
+* ``unclear``      — refused, but not with one line naming what the case requires.
+
+The toy corpus, tokenizer and training config are the test suite's (``tests/helpers_train.py``): a training step
+takes milliseconds, so the whole matrix runs in a few minutes on two CPU cores. The full-disk cases mount small
+tmpfs folders and need root (they are reported as skipped otherwise).
+
+    python eval/reliability_matrix.py                    # all cases -> runs/reliability-matrix/{matrix.md,matrix.jsonl}
+    python eval/reliability_matrix.py --only lock,disk   # cases whose name contains one of these
+    python eval/reliability_matrix.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the suite's toy data and config
+sys.path.insert(0, str(REPO))
+
+from helpers_train import cpu_env, tiny_data, tiny_train_config, write_config  # noqa: E402
+
+CLASSES = ("clear error", "recovered", "hang", "traceback", "silent", "data loss", "unclear", "skipped")
+BAD = ("hang", "traceback", "silent", "data loss", "unclear")
+
+
+@dataclass
+class Outcome:
+    case: str
+    finding: str
+    outcome: str
+    detail: str
+    seconds: float = 0.0
+
+
+@dataclass
+class Proc:
+    rc: int | None  # None: killed at the time limit
+    out: str
+    err: str
+
+    @property
+    def last_error(self) -> str:
+        """The last ``error:`` line with the ``  - problem`` lines under it (a config error lists each problem),
+        or the last line when there is none."""
+        lines = [ln for ln in self.err.splitlines() if ln.strip()]
+        starts = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+        if not starts:
+            return lines[-1] if lines else ""
+        block = lines[starts[-1]:]
+        if all(ln.startswith("  - ") for ln in block[1:]):
+            return " ".join(ln.strip() for ln in block)
+        return lines[-1]
+
+
+class Matrix:
+    """The shared fixtures (toy data, a finished base run) and the ways of running a case."""
+
+    def __init__(self, work: Path, timeout: float):
+        self.work = work
+        self.timeout = timeout
+        self.env = cpu_env(PYTHONPATH=str(REPO))
+        self.env.pop("ADAPONDER_DEBUG", None)
+        self.data = tiny_data(work / "toy")
+        self._base: Path | None = None
+
+    # -- running ------------------------------------------------------------------------------------------
+    def run(self, *args: str | Path, timeout: float | None = None, cwd: Path | None = None) -> Proc:
+        cmd = [sys.executable, *map(str, args)]
+        try:
+            p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout or self.timeout,
+                               cwd=cwd or self.work)
+            return Proc(p.returncode, p.stdout, p.stderr)
+        except subprocess.TimeoutExpired as e:
+            return Proc(None, _text(e.stdout), _text(e.stderr))
+
+    def start(self, *args: str | Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, *map(str, args)], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=self.work)
+
+    def pretrain(self, cfg: Path, *extra: str, timeout: float | None = None) -> Proc:
+        return self.run("-m", "adaponder.cli.pretrain", "--config", cfg, *extra, timeout=timeout)
+
+    def python(self, code: str) -> Proc:
+        return self.run("-c", textwrap.dedent(code))
+
+    # -- fixtures -----------------------------------------------------------------------------------------
+    def config(self, name: str, out_dir: Path | None = None, **sections) -> Path:
+        folder = self.work / name
+        folder.mkdir(parents=True, exist_ok=True)
+        base = {"train": {"steps": 6}, "checkpoint": {"every": 2, "export_hf": False},
+                "deepspeed": {"zero_stage": 0}, "eval": {"at_end": False}}
+        for key, values in sections.items():
+            base.setdefault(key, {}).update(values)
+        cfg = tiny_train_config(self.data["data"], self.data["tokenizer"], out_dir or folder / "run", **base)
+        return write_config(folder / "run.yaml", cfg)
+
+    def base_run(self) -> Path:
+        """A 6-step ZeRO-0 run stopped at step 4, with checkpoints at steps 2 and 4 (made once, copied by the
+        cases that resume it)."""
+        if self._base is None:
+            cfg = self.config("base", train={"stop_at": 4})
+            p = self.pretrain(cfg)
+            if p.rc != 0:
+                raise RuntimeError(f"the base run failed (exit {p.rc}):\n{p.err[-3000:]}")
+            self._base = cfg.parent / "run"
+        return self._base
+
+    def copy_of_base(self, name: str, **sections) -> tuple[Path, Path]:
+        """A copy of the base run under ``name`` and a config pointing at it; returns (config, run folder)."""
+        run = self.work / name / "run"
+        if run.exists():
+            shutil.rmtree(run)
+        shutil.copytree(self.base_run(), run)
+        return self.config(name, out_dir=run, **sections), run
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def refusal(p: Proc, *must_name: str, rc: int = 2) -> tuple[str, str]:
+    """Classify a command that must refuse with exit ``rc`` and one ``error:`` line naming ``must_name``."""
+    if p.rc is None:
+        return "hang", "killed at the time limit"
+    if "Traceback (most recent call last)" in p.err:
+        return "traceback", p.err.strip().splitlines()[-1][:300]
+    if p.rc == 0:
+        return "silent", "exit 0"
+    line = p.last_error
+    missing = [m for m in must_name if m not in line]
+    if p.rc != rc or not line.startswith("error: ") or missing:
+        return "unclear", f"exit {p.rc}; last line {line[:300]!r}; missing {missing}"
+    return "clear error", f"exit {p.rc}: {line[:300]}"
+
+
+def raised(p: Proc, *must_name: str) -> tuple[str, str]:
+    """Classify an API script that prints ``RAISED <type>: <message>`` when the call refused (else ``ACCEPTED``)."""
+    if p.rc is None:
+        return "hang", "killed at the time limit"
+    found = [ln for ln in p.out.splitlines() if ln.startswith(("RAISED", "ACCEPTED"))]
+    if not found:
+        return "traceback", (p.err.strip().splitlines() or ["no output"])[-1][:300]
+    line = found[-1]
+    if line.startswith("ACCEPTED"):
+        return "silent", line[:300]
+    missing = [m for m in must_name if m not in line]
+    return ("unclear", f"{line[:300]} (missing {missing})") if missing else ("clear error", line[:300])
+
+
+def _api(call: str) -> str:
+    """A script running ``call`` on a tiny model and printing how it ended."""
+    return f"""
+import torch
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+torch.manual_seed(0)
+model = AdaPonderForCausalLM(AdaPonderConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2,
+    num_attention_heads=4, intermediate_size=64, max_position_embeddings=32, mode="adaponder")).eval()
+try:
+    out = {call}
+    print("ACCEPTED", type(out).__name__, getattr(out, "loss", None))
+except (ValueError, TypeError) as err:
+    print("RAISED", type(err).__name__ + ":", " ".join(str(err).split()))
+"""
+
+
+def _poison(tag_dir: Path) -> str:
+    """NaN into one weight of a ZeRO-0 checkpoint with its manifest updated to match (a hand-edited checkpoint)."""
+    import torch
+
+    from adaponder.train.checkpoint import file_sha256
+
+    f = tag_dir / "mp_rank_00_model_states.pt"
+    sd = torch.load(f, map_location="cpu", weights_only=False)
+    name = next(k for k, v in sd["module"].items() if v.is_floating_point())
+    sd["module"][name].view(-1)[0] = float("nan")
+    torch.save(sd, f)
+    state = json.loads((tag_dir / "trainer_state.json").read_text())
+    state["manifest"][f.name], state["sha256"][f.name] = f.stat().st_size, file_sha256(f)
+    (tag_dir / "trainer_state.json").write_text(json.dumps(state))
+    return name
+
+
+def _loadable(m: Matrix, ck: Path) -> tuple[bool, str]:
+    """Whether every checkpoint under ``ck`` verifies and exports (what a later resume or export needs)."""
+    tags = sorted(p for p in ck.glob("step*") if p.is_dir())
+    if not tags:
+        return False, f"no checkpoint under {ck}"
+    for tag in tags:
+        out = m.work / "exports" / f"{ck.parent.parent.name}-{tag.name}"
+        shutil.rmtree(out, ignore_errors=True)
+        p = m.run("-m", "adaponder.cli.export_hf", tag, out)
+        if p.rc != 0:
+            return False, f"{tag} does not export: {p.last_error[:200]}"
+    return True, f"{len(tags)} checkpoints verify and export"
+
+
+# -- the cases ------------------------------------------------------------------------------------------------
+def case_lock_two_runs(m: Matrix) -> tuple[str, str]:
+    cfg = m.config("lock-runs", train={"steps": 60}, checkpoint={"every": 5, "keep": 3})
+    run = cfg.parent / "run"
+    first = m.start("-m", "adaponder.cli.pretrain", "--config", cfg)
+    deadline = time.time() + m.timeout
+    while time.time() < deadline and not (run / "metrics.jsonl").is_file() and first.poll() is None:
+        time.sleep(0.1)
+    second = m.pretrain(cfg)
+    out, err = first.communicate(timeout=m.timeout)
+    verdict = refusal(second, "is in use by another job", "PID")
+    if first.returncode != 0:
+        return "data loss", f"the first run failed (exit {first.returncode}): {err.strip()[-300:]}"
+    ok, what = _loadable(m, run / "checkpoints")
+    return (verdict[0], f"{verdict[1]}; first run exit 0, {what}") if ok else ("data loss", what)
+
+
+def case_lock_two_prepares(m: Matrix) -> tuple[str, str]:
+    out = m.work / "lock-prepare" / "out"
+    shutil.rmtree(out.parent, ignore_errors=True)
+    out.parent.mkdir(parents=True)
+    args = ("-m", "adaponder.cli.prepare", m.data["corpus"], "-o", out, "--tokenizer", m.data["tokenizer"],
+            "-j", "1", "--no-progress", "--shard-tokens", "2000")
+    a, b = m.start(*args), m.start(*args)
+    results = [(p.wait(timeout=m.timeout), p.stderr.read()) for p in (a, b)]
+    codes = sorted(rc for rc, _ in results)
+    if codes != [0, 2]:
+        return "silent" if codes == [0, 0] else "unclear", f"exit codes {codes}"
+    err = next(e for rc, e in results if rc == 2)
+    verdict = refusal(Proc(2, "", err), "in use by another job")
+    if not (out / "meta.json").is_file():
+        return "data loss", "no prepared output left"
+    return verdict[0], verdict[1] + "; the other wrote a complete output"
+
+
+def case_nonfinite_resume_explicit(m: Matrix) -> tuple[str, str]:
+    cfg, run = m.copy_of_base("nan-explicit")
+    step4 = run / "checkpoints" / "step00000004"
+    name = _poison(step4)
+    return refusal(m.pretrain(cfg, "--resume", str(step4)), str(step4), name, "not all finite")
+
+
+def case_nonfinite_resume_auto_keeps_last_good(m: Matrix) -> tuple[str, str]:
+    cfg, run = m.copy_of_base("nan-auto")
+    ck = run / "checkpoints"
+    _poison(ck / "step00000004")
+    p = m.pretrain(cfg, "--resume", "auto")
+    if p.rc is None:
+        return "hang", "killed at the time limit"
+    if p.rc != 0 or "resuming from" not in p.err + p.out:
+        return refusal(p)
+    ok, what = _loadable(m, ck)
+    return ("recovered", f"fell back to step 2 and finished; {what}") if ok else ("data loss", what)
+
+
+def case_nonfinite_export(m: Matrix) -> tuple[str, str]:
+    cfg, run = m.copy_of_base("nan-export")
+    tag = run / "checkpoints" / "step00000002"
+    _poison(tag)
+    p = m.run("-m", "adaponder.cli.export_hf", tag, m.work / "nan-export" / "hf")
+    return refusal(p, str(tag), "not all finite")
+
+
+def case_nonfinite_exported_weights_perplexity(m: Matrix) -> tuple[str, str]:
+    hf = m.work / "nan-ppl" / "hf"
+    shutil.rmtree(hf.parent, ignore_errors=True)
+    p = m.run("-m", "adaponder.cli.export_hf", m.base_run() / "checkpoints" / "step00000004", hf)
+    if p.rc != 0:
+        return "unclear", f"export failed: {p.last_error}"
+    m.python(f"""
+        from safetensors.torch import load_file, save_file
+        w = load_file({str(hf / 'model.safetensors')!r})
+        k = next(k for k, v in w.items() if v.is_floating_point())
+        w[k].view(-1)[0] = float("nan")
+        save_file(w, {str(hf / 'model.safetensors')!r}, metadata={{"format": "pt"}})
+    """)
+    p = m.run("-m", "adaponder.cli.perplexity", hf, "--data", m.data["data"], "--window", "32", "--max-tokens", "2000")
+    return refusal(p, "not all finite")
+
+
+def _resume_with(m: Matrix, name: str, overrides: list[str], *must: str) -> tuple[str, str]:
+    cfg, _ = m.copy_of_base(name)
+    sets = [a for o in overrides for a in ("--set", o)]
+    return refusal(m.pretrain(cfg, "--resume", "auto", *sets), *must)
+
+
+def case_resume_other_weight_decay(m: Matrix) -> tuple[str, str]:
+    return _resume_with(m, "resume-wd", ["optim.weight_decay=0.3"], "weight_decay", "0.3")
+
+
+def case_resume_other_betas(m: Matrix) -> tuple[str, str]:
+    return _resume_with(m, "resume-betas", ["optim.betas=[0.8,0.9]"], "betas")
+
+
+def case_resume_other_data(m: Matrix) -> tuple[str, str]:
+    """Other data of the same tokenizer and size: a prepared folder whose training tokens differ in order (two
+    tokens swapped, ``meta.json`` updated to match, as preparing other text of the same length would give)."""
+    import hashlib
+
+    other = m.work / "other-data"
+    if not other.is_dir():
+        shutil.copytree(m.data["data"], other)
+        meta = json.loads((other / "meta.json").read_text())
+        shard = meta["splits"]["train"]["shards"][0]
+        raw = bytearray((other / shard["file"]).read_bytes())
+        i = next(i for i in range(200, len(raw) - 4, 2) if raw[i:i + 2] != raw[i + 2:i + 4])
+        raw[i:i + 2], raw[i + 2:i + 4] = raw[i + 2:i + 4], raw[i:i + 2]
+        (other / shard["file"]).write_bytes(bytes(raw))
+        shard["sha256"] = hashlib.sha256(bytes(raw)).hexdigest()
+        (other / "meta.json").write_text(json.dumps(meta, indent=1))
+    return _resume_with(m, "resume-data", [f"data.path={other}"], "data differs", str(other))
+
+
+def _config_text(m: Matrix, name: str, text: str | bytes) -> Path:
+    folder = m.work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "run.yaml"
+    base = m.config(name).read_text()
+    path.write_bytes(base.encode() + (text if isinstance(text, bytes) else text.encode()))
+    return path
+
+
+def case_config_duplicate_key(m: Matrix) -> tuple[str, str]:
+    path = m.config("dup-key")
+    text = path.read_text().replace("  lr: 0.003\n", "  lr: 0.003\n  lr: 0.1\n", 1)
+    path.write_text(text)
+    return refusal(m.pretrain(path), str(path), "lr")
+
+
+def case_config_duplicate_section(m: Matrix) -> tuple[str, str]:
+    path = _config_text(m, "dup-section", "optim:\n  lr: 0.1\n")
+    return refusal(m.pretrain(path), str(path), "optim")
+
+
+def case_config_non_utf8(m: Matrix) -> tuple[str, str]:
+    path = _config_text(m, "non-utf8", b"# caf\xe9\n")
+    return refusal(m.pretrain(path), str(path), "UTF-8")
+
+
+def case_config_lr_inf(m: Matrix) -> tuple[str, str]:
+    return refusal(m.pretrain(m.config("lr-inf"), "--set", "optim.lr=inf"), "optim.lr")
+
+
+def case_config_deepspeed_batch_override(m: Matrix) -> tuple[str, str]:
+    path = _config_text(m, "ds-batch", "")
+    text = path.read_text().replace("deepspeed:\n", "deepspeed:\n  overrides:\n    train_micro_batch_size_per_gpu: 3\n", 1)
+    path.write_text(text)
+    return refusal(m.pretrain(path), "train_micro_batch_size_per_gpu")
+
+
+def case_config_alias_bomb_in_overrides(m: Matrix) -> tuple[str, str]:
+    path = m.config("alias-bomb")
+    bomb = "".join(f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else '1'}]\n" for i in range(9))
+    text = path.read_text().replace("deepspeed:\n", "deepspeed:\n  overrides:\n" + bomb, 1)
+    path.write_text(text)
+    return refusal(m.pretrain(path, timeout=60), str(path), "alias")
+
+
+def case_latest_outside_folder(m: Matrix) -> tuple[str, str]:
+    cfg, run = m.copy_of_base("latest-outside")
+    (run / "checkpoints" / "latest").write_text("../../other_run/checkpoints/step00000004")
+    return refusal(m.pretrain(cfg, "--resume", "auto"), "latest")
+
+
+def case_export_into_symlink(m: Matrix) -> tuple[str, str]:
+    root = m.work / "export-link"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "target").mkdir(parents=True)
+    (root / "link").symlink_to(root / "target")
+    p = m.run("-m", "adaponder.cli.export_hf", m.base_run() / "checkpoints" / "step00000004", root / "link")
+    if p.rc != 0:
+        return refusal(p)
+    leftovers = [x.name for x in root.iterdir() if x.name not in ("target", "link")]
+    if not (root / "link").is_symlink() or not (root / "target" / "config.json").is_file() or leftovers:
+        return "silent", f"link kept {(root / 'link').is_symlink()}, leftovers {leftovers}"
+    return "recovered", "written into the link's target; the link kept; no leftovers"
+
+
+def case_positions_forward(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model(torch.zeros(1, 40, dtype=torch.long))")), "40", "32")
+
+
+def case_positions_generate(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model.generate(torch.zeros(1, 20, dtype=torch.long), max_new_tokens=20, "
+                                "do_sample=False)")), "20", "32")
+
+
+def case_float_input_ids(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model(torch.zeros(1, 8))")), "input_ids")
+
+
+def case_3d_input_ids(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model(torch.zeros(1, 2, 8, dtype=torch.long))")), "input_ids")
+
+
+def case_all_labels_ignored(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model(torch.zeros(1, 8, dtype=torch.long), "
+                                "labels=torch.full((1, 8), -100))")), "labels")
+
+
+def _eval_checkpoint(m: Matrix) -> Path:
+    hf = m.work / "eval-ckpt"
+    if not (hf / "config.json").is_file():
+        m.python(f"""
+            import sys; sys.path.insert(0, {str(REPO / 'tests')!r})
+            from helpers_evaluation import tiny_model, tiny_tokenizer
+            tiny_model().save_pretrained({str(hf)!r}); tiny_tokenizer().save_pretrained({str(hf)!r})
+        """)
+    return hf
+
+
+def _piqa_eval(m: Matrix, name: str, records: list[str], labels: list[str]) -> Proc:
+    root = m.work / name
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "piqa").mkdir(parents=True)
+    (root / "piqa" / "valid.jsonl").write_text("".join(r + "\n" for r in records))
+    (root / "piqa" / "valid-labels.lst").write_text("".join(x + "\n" for x in labels))
+    return m.run("-m", "adaponder.cli.lm_eval", _eval_checkpoint(m), "--tasks", "adaponder_piqa", "--limit", "2",
+                 "--device", "cpu", "--metadata", json.dumps({"adaponder_eval_data": str(root)}))
+
+
+_PIQA = [json.dumps({"goal": f"goal {i}", "sol1": "a", "sol2": "b"}) for i in range(3)]
+
+
+def case_eval_task_not_json(m: Matrix) -> tuple[str, str]:
+    p = _piqa_eval(m, "eval-not-json", [_PIQA[0], _PIQA[1], "[1, 2"], ["0", "1", "0"])
+    return refusal(p, "valid.jsonl:3", "not a JSON line")
+
+
+def case_eval_task_missing_key(m: Matrix) -> tuple[str, str]:
+    p = _piqa_eval(m, "eval-missing-key", [_PIQA[0], json.dumps({"goal": "g", "sol1": "a"})], ["0", "1"])
+    return refusal(p, "valid.jsonl:2", "sol2")
+
+
+def case_eval_task_empty(m: Matrix) -> tuple[str, str]:
+    return refusal(_piqa_eval(m, "eval-empty", [], []), "valid.jsonl", "empty")
+
+
+def case_eval_label_out_of_range(m: Matrix) -> tuple[str, str]:
+    p = _piqa_eval(m, "eval-label", _PIQA, ["0", "2", "1"])
+    return refusal(p, "valid-labels.lst:2", "out of range")
+
+
+def case_finetune_small_vocab_without_tokenizer(m: Matrix) -> tuple[str, str]:
+    glue = os.environ.get("ADAPONDER_GLUE_DIR")
+    if not glue or not Path(glue, "RTE").is_dir():
+        return "skipped", "no GLUE data (set ADAPONDER_GLUE_DIR)"
+    ckpt = m.work / "small-vocab"
+    m.python(f"""
+        import sys; sys.path.insert(0, {str(REPO / 'tests')!r})
+        from helpers_evaluation import tiny_model
+        tiny_model(hidden_size=32, num_hidden_layers=1, intermediate_size=64, vocab_size=1000).save_pretrained(
+            {str(ckpt)!r})
+    """)
+    p = m.run("-m", "adaponder.cli.finetune_glue", "--config", "configs/glue/rte.yaml", "--init", ckpt,
+              "--data-dir", glue, "--output", m.work / "small-vocab-run", "--set", "train.max_steps=1", cwd=REPO)
+    return refusal(p, "1000", "tokenizer")
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["umount", str(path)], capture_output=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def case_disk_full_checkpoint(m: Matrix) -> tuple[str, str]:
+    disk = m.work / "disk-ckpt"
+    if os.geteuid() != 0 or not _tmpfs(disk, "400k"):
+        return "skipped", "mounting a small tmpfs needs root"
+    try:
+        cfg = m.config("disk-ckpt-cfg", out_dir=disk / "run")
+        p = m.pretrain(cfg)
+        return refusal(p, "No space left on device", str(disk / "run"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def case_disk_full_prepare(m: Matrix) -> tuple[str, str]:
+    disk = m.work / "disk-prepare"
+    if os.geteuid() != 0 or not _tmpfs(disk, "64k"):
+        return "skipped", "mounting a small tmpfs needs root"
+    try:
+        p = m.run("-m", "adaponder.cli.prepare", m.data["corpus"], "-o", disk / "out", "--tokenizer",
+                  m.data["tokenizer"], "-j", "1", "--no-progress")
+        verdict = refusal(p, "No space left on device")
+        leftovers = [x.name for x in disk.iterdir()]
+        return (verdict if not leftovers or verdict[0] != "clear error"
+                else ("unclear", f"{verdict[1]}; left behind {leftovers}"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def case_disk_full_export(m: Matrix) -> tuple[str, str]:
+    disk = m.work / "disk-export"
+    if os.geteuid() != 0 or not _tmpfs(disk, "64k"):
+        return "skipped", "mounting a small tmpfs needs root"
+    try:
+        p = m.run("-m", "adaponder.cli.export_hf", m.base_run() / "checkpoints" / "step00000004", disk / "hf")
+        verdict = refusal(p, "No space left on device")
+        leftovers = [x.name for x in disk.iterdir()]
+        return (verdict if not leftovers or verdict[0] != "clear error"
+                else ("unclear", f"{verdict[1]}; left behind {leftovers}"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [
+    ("lock-two-runs", "two jobs on one output folder", case_lock_two_runs),
+    ("lock-two-prepares", "two jobs on one output folder", case_lock_two_prepares),
+    ("nonfinite-resume-explicit", "bad weights rotate good checkpoints away", case_nonfinite_resume_explicit),
+    ("nonfinite-resume-auto", "bad weights rotate good checkpoints away", case_nonfinite_resume_auto_keeps_last_good),
+    ("nonfinite-export", "bad weights rotate good checkpoints away", case_nonfinite_export),
+    ("nonfinite-exported-perplexity", "silent", case_nonfinite_exported_weights_perplexity),
+    ("resume-other-weight-decay", "silent", case_resume_other_weight_decay),
+    ("resume-other-betas", "silent", case_resume_other_betas),
+    ("resume-other-data", "silent", case_resume_other_data),
+    ("config-duplicate-key", "silent", case_config_duplicate_key),
+    ("config-duplicate-section", "silent", case_config_duplicate_section),
+    ("config-lr-inf", "silent", case_config_lr_inf),
+    ("positions-forward", "silent", case_positions_forward),
+    ("positions-generate", "silent", case_positions_generate),
+    ("latest-outside-folder", "silent", case_latest_outside_folder),
+    ("eval-label-out-of-range", "silent", case_eval_label_out_of_range),
+    ("export-into-symlink", "silent", case_export_into_symlink),
+    ("disk-full-checkpoint", "tracebacks", case_disk_full_checkpoint),
+    ("disk-full-prepare", "tracebacks", case_disk_full_prepare),
+    ("disk-full-export", "tracebacks", case_disk_full_export),
+    ("config-non-utf8", "tracebacks", case_config_non_utf8),
+    ("config-deepspeed-batch-override", "tracebacks", case_config_deepspeed_batch_override),
+    ("eval-task-not-json", "tracebacks", case_eval_task_not_json),
+    ("eval-task-missing-key", "tracebacks", case_eval_task_missing_key),
+    ("eval-task-empty", "tracebacks", case_eval_task_empty),
+    ("finetune-small-vocab", "tracebacks", case_finetune_small_vocab_without_tokenizer),
+    ("float-input-ids", "tracebacks", case_float_input_ids),
+    ("3d-input-ids", "tracebacks", case_3d_input_ids),
+    ("all-labels-ignored", "tracebacks", case_all_labels_ignored),
+    ("alias-bomb-in-overrides", "hang", case_config_alias_bomb_in_overrides),
+]
+
+
+def run_case(m: Matrix, name: str, finding: str, fn) -> Outcome:
+    t0 = time.time()
+    try:
+        outcome, detail = fn(m)
+    except subprocess.TimeoutExpired:
+        outcome, detail = "hang", "killed at the time limit"
+    return Outcome(name, finding, outcome, detail, round(time.time() - t0, 1))
+
+
+def write_report(results: list[Outcome], out: Path) -> Path:
+    counts = {c: sum(r.outcome == c for r in results) for c in CLASSES}
+    lines = ["# Reliability matrix", "", "`python eval/reliability_matrix.py` — each case run as a user meets it.", "",
+             "| " + " | ".join(CLASSES) + " |", "|" + "---|" * len(CLASSES),
+             "| " + " | ".join(str(counts[c]) for c in CLASSES) + " |", "",
+             "| case | finding | outcome | detail | s |", "|---|---|---|---|---|"]
+    for r in results:
+        detail = r.detail.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r.case} | {r.finding} | **{r.outcome}** | {detail} | {r.seconds:g} |")
+    path = out / "matrix.md"
+    path.write_text("\n".join(lines) + "\n")
+    with open(out / "matrix.jsonl", "w") as f:
+        for r in results:
+            f.write(json.dumps(asdict(r)) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/reliability-matrix", help="work and report folder (emptied first)")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names")
+    ap.add_argument("--timeout", type=float, default=300, help="time limit of one command, seconds")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = ap.parse_args(argv)
+    chosen = [c for c in CASES if not args.only or any(s in c[0] for s in args.only.split(","))]
+    if args.list:
+        print("\n".join(f"{name:34s} {finding}" for name, finding, _ in chosen))
+        return 0
+    out = Path(args.out).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    m = Matrix(out / "work", args.timeout)
+    results = []
+    for i, (name, finding, fn) in enumerate(chosen, 1):
+        r = run_case(m, name, finding, fn)
+        results.append(r)
+        print(f"[{i}/{len(chosen)}] {name}: {r.outcome} ({r.seconds:g} s) — {r.detail[:160]}", flush=True)
+    report = write_report(results, out)
+    bad = [r for r in results if r.outcome in BAD]
+    print(f"\n{len(results)} cases: " + ", ".join(f"{c} {sum(r.outcome == c for r in results)}" for c in CLASSES)
+          + f"\nreport: {report}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
