@@ -218,14 +218,19 @@ def _loadable(m: Matrix, ck: Path) -> tuple[bool, str]:
 
 # -- the cases ------------------------------------------------------------------------------------------------
 def case_lock_two_runs(m: Matrix) -> tuple[str, str]:
-    cfg = m.config("lock-runs", train={"steps": 60}, checkpoint={"every": 5, "keep": 3})
+    # long enough (about a minute) that the second job starts while the first still trains
+    cfg = m.config("lock-runs", train={"steps": 1500}, checkpoint={"every": 100, "keep": 3},
+                   logging={"every": 50})
     run = cfg.parent / "run"
     first = m.start("-m", "adaponder.cli.pretrain", "--config", cfg)
     deadline = time.time() + m.timeout
     while time.time() < deadline and not (run / "metrics.jsonl").is_file() and first.poll() is None:
         time.sleep(0.1)
     second = m.pretrain(cfg)
+    running = first.poll() is None
     out, err = first.communicate(timeout=m.timeout)
+    if not running:
+        return "unclear", "the first run ended before the second started: lengthen it"
     verdict = refusal(second, "is in use by another job", "PID")
     if first.returncode != 0:
         return "data loss", f"the first run failed (exit {first.returncode}): {err.strip()[-300:]}"

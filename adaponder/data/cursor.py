@@ -17,6 +17,11 @@ class EpochCursor:
     _epoch: int
     _position: int
     infinite: bool
+    seed: int
+    seq_len: int
+    world_size: int
+    shuffle: bool
+    num_samples: int
 
     def __len__(self) -> int:
         """Batches in one pass (finite loaders only)."""
@@ -24,6 +29,22 @@ class EpochCursor:
             raise TypeError(f"an infinite {type(self).__name__} has no length; see samples_per_epoch / "
                             "batches_per_epoch")
         return self.batches_per_epoch
+
+    @staticmethod
+    def _check_settings(seq_len: int, micro_batch_size: int, rank: int, world_size: int, seed: int) -> None:
+        """The settings every loader refuses: ``ValueError`` naming the bad value."""
+        if seq_len < 1 or micro_batch_size < 1:
+            raise ValueError(f"seq_len and micro_batch_size must be >= 1, got {seq_len}, {micro_batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+
+    def _cursor_state(self, fmt: str) -> dict[str, Any]:
+        """The state keys every loader writes: its format, where it stands and the settings its order depends on."""
+        return {"format": fmt, "epoch": self._epoch, "position": self._position, "seed": self.seed,
+                "seq_len": self.seq_len, "world_size": self.world_size, "shuffle": self.shuffle,
+                "num_samples": self.num_samples}
 
     @property
     def epoch(self) -> int:

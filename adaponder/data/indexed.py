@@ -258,12 +258,7 @@ class IndexedLoader(EpochCursor):
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if seq_len < 1 or micro_batch_size < 1:
-            raise ValueError(f"seq_len and micro_batch_size must be >= 1, got {seq_len}, {micro_batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        self._check_settings(seq_len, micro_batch_size, rank, world_size, seed)
         self.ds = IndexedDataset(prefix)
         self.prefix, self.order = self.ds.prefix, order
         self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
@@ -448,21 +443,10 @@ class IndexedLoader(EpochCursor):
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "epoch": self._epoch,
-            "position": self._position,
-            "order": self.order,
-            "seed": self.seed,
-            "seq_len": self.seq_len,
-            "world_size": self.world_size,
-            # the sequences order deals items in groups of micro_batch_size × world_size
-            "micro_batch_size": self.micro_batch_size if self.order == "sequences" else None,
-            "shuffle": self.shuffle,
-            "num_samples": self.num_samples,
-            "append_eod": self.append_eod,
-            "dataset": self.ds.fingerprint(),
-        }
+        return {**self._cursor_state(STATE_FORMAT), "order": self.order,
+                # the sequences order deals items in groups of micro_batch_size × world_size
+                "micro_batch_size": self.micro_batch_size if self.order == "sequences" else None,
+                "append_eod": self.append_eod, "dataset": self.ds.fingerprint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:

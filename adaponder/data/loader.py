@@ -86,12 +86,7 @@ class PackedLoader(EpochCursor):
         drop_last: bool = False,
         verify_checksums: bool = False,
     ) -> None:
-        if seq_len < 1 or micro_batch_size < 1:
-            raise ValueError(f"seq_len and micro_batch_size must be >= 1, got {seq_len}, {micro_batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        self._check_settings(seq_len, micro_batch_size, rank, world_size, seed)
         self.data_dir = Path(data_dir)
         self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -250,18 +245,8 @@ class PackedLoader(EpochCursor):
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (plain ints/strings; safe for torch.save and JSON)."""
-        return {
-            "format": STATE_FORMAT,
-            "epoch": self._epoch,
-            "position": self._position,
-            "seed": self.seed,
-            "seq_len": self.seq_len,
-            "world_size": self.world_size,
-            "split": self.split,
-            "shuffle": self.shuffle,
-            "num_samples": self.num_samples,
-            "tokenizer_fingerprint": self.meta["tokenizer_fingerprint"],
-        }
+        return {**self._cursor_state(STATE_FORMAT), "split": self.split,
+                "tokenizer_fingerprint": self.meta["tokenizer_fingerprint"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at the exact next sample of ``state`` (written with any world size and micro-batch size);
