@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from adaponder.modeling.configuration_adaponder import halting_threshold_problem
 
 from .perplexity import Document, score_documents, summarize
+from .tables import markdown_table
 
 DEFAULT_TAUS = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
@@ -37,12 +38,10 @@ def sweep_tau(model, docs: Sequence[Document], taus: Sequence[float], **score_kw
 
 
 def dial_table(rows: Sequence[dict]) -> str:
-    lines = ["| τ | mean exit pass | MFLOPs/token | × one pass | perplexity | bits/byte |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['tau']:g} | {r['mean_exit']:.3f} | {r['flops']['total'] / 1e6:.2f} | "
-                     f"{r['flops']['x_one_pass']:.3f} | {r['ppl']:.3f} | {r['bpb']:.4f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["τ", "mean exit pass", "MFLOPs/token", "× one pass", "perplexity", "bits/byte"],
+        ([f"{r['tau']:g}", f"{r['mean_exit']:.3f}", f"{r['flops']['total'] / 1e6:.2f}",
+          f"{r['flops']['x_one_pass']:.3f}", f"{r['ppl']:.3f}", f"{r['bpb']:.4f}"] for r in rows), align="rrrrrr")
 
 
 __all__ = ["DEFAULT_TAUS", "dial_table", "parse_taus", "sweep_tau"]

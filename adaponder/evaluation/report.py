@@ -28,6 +28,7 @@ from .accounting import ONE_PASS_BASELINE
 from .dial import dial_table
 from .perplexity import score_documents, summarize
 from .pruning import FIXED_RULES, FixedPruningPolicy, histogram_mean
+from .tables import markdown_table
 
 SUITE = ("adaponder_lambada_openai", "adaponder_piqa", "adaponder_arc_easy", "adaponder_arc_challenge",
          "adaponder_sciq", "adaponder_winogrande")
@@ -166,12 +167,10 @@ def _f(x, fmt=".3f"):
 
 
 def _ppl_table(by_source: dict) -> str:
-    lines = ["| data | documents | tokens | bytes | perplexity | bits/byte | mean NLL (nats) | mean exit pass |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, s in by_source.items():
-        lines.append(f"| {name} | {s['documents']} | {s['tokens']} | {s['bytes']} | {_f(s['ppl'])} | "
-                     f"{_f(s['bpb'], '.4f')} | {_f(s['nll'], '.4f')} | {_f(s['mean_exit'])} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["data", "documents", "tokens", "bytes", "perplexity", "bits/byte", "mean NLL (nats)", "mean exit pass"],
+        ([name, s["documents"], s["tokens"], s["bytes"], _f(s["ppl"]), _f(s["bpb"], ".4f"), _f(s["nll"], ".4f"),
+          _f(s["mean_exit"])] for name, s in by_source.items()))
 
 
 def _compute_table(summary: dict, K: int) -> str:
@@ -193,12 +192,10 @@ def _compute_table(summary: dict, K: int) -> str:
 
 
 def _halting_table(rows: list[dict]) -> str:
-    lines = ["| exit pass | tokens | fraction | mean NLL (nats) | perplexity of these tokens |",
-             "|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['exit_pass']} | {r['tokens']} | {r['fraction']:.4f} | {_f(r['mean_nll'], '.4f')} | "
-                     f"{_f(r['ppl'], '.2f')} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["exit pass", "tokens", "fraction", "mean NLL (nats)", "perplexity of these tokens"],
+        ([r["exit_pass"], r["tokens"], f"{r['fraction']:.4f}", _f(r["mean_nll"], ".4f"), _f(r["ppl"], ".2f")]
+         for r in rows), align="rrrrr")
 
 
 def _iso_table(learned: dict, iso: dict, target: float) -> str:
