@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the suite's toy data and config
 sys.path.insert(0, str(REPO))
 
-from helpers_train import cpu_env, tiny_data, tiny_train_config, write_config  # noqa: E402
+from helpers_train import cpu_env, poison_checkpoint as _poison, tiny_data, tiny_train_config, write_config  # noqa: E402
 
 CLASSES = ("clear error", "recovered", "hang", "traceback", "silent", "data loss", "unclear", "skipped")
 BAD = ("hang", "traceback", "silent", "data loss", "unclear")
@@ -183,23 +183,6 @@ try:
 except (ValueError, TypeError) as err:
     print("RAISED", type(err).__name__ + ":", " ".join(str(err).split()))
 """
-
-
-def _poison(tag_dir: Path) -> str:
-    """NaN into one weight of a ZeRO-0 checkpoint with its manifest updated to match (a hand-edited checkpoint)."""
-    import torch
-
-    from adaponder.train.checkpoint import file_sha256
-
-    f = tag_dir / "mp_rank_00_model_states.pt"
-    sd = torch.load(f, map_location="cpu", weights_only=False)
-    name = next(k for k, v in sd["module"].items() if v.is_floating_point())
-    sd["module"][name].view(-1)[0] = float("nan")
-    torch.save(sd, f)
-    state = json.loads((tag_dir / "trainer_state.json").read_text())
-    state["manifest"][f.name], state["sha256"][f.name] = f.stat().st_size, file_sha256(f)
-    (tag_dir / "trainer_state.json").write_text(json.dumps(state))
-    return name
 
 
 def _loadable(m: Matrix, ck: Path) -> tuple[bool, str]:
@@ -499,33 +482,28 @@ def case_disk_full_checkpoint(m: Matrix) -> tuple[str, str]:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-def case_disk_full_prepare(m: Matrix) -> tuple[str, str]:
-    disk = m.work / "disk-prepare"
-    if os.geteuid() != 0 or not _tmpfs(disk, "64k"):
+def _disk_full(m: Matrix, name: str, size: str, *args) -> tuple[str, str]:
+    """Run ``args`` writing into ``DISK/out`` on a full ``size`` tmpfs: one clear error, nothing left behind."""
+    disk = m.work / name
+    if os.geteuid() != 0 or not _tmpfs(disk, size):
         return "skipped", "mounting a small tmpfs needs root"
     try:
-        p = m.run("-m", "adaponder.cli.prepare", m.data["corpus"], "-o", disk / "out", "--tokenizer",
-                  m.data["tokenizer"], "-j", "1", "--no-progress")
-        verdict = refusal(p, "No space left on device")
+        verdict = refusal(m.run(*args, disk / "out"), "No space left on device")
         leftovers = [x.name for x in disk.iterdir()]
         return (verdict if not leftovers or verdict[0] != "clear error"
                 else ("unclear", f"{verdict[1]}; left behind {leftovers}"))
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def case_disk_full_prepare(m: Matrix) -> tuple[str, str]:
+    return _disk_full(m, "disk-prepare", "64k", "-m", "adaponder.cli.prepare", m.data["corpus"], "--tokenizer",
+                      m.data["tokenizer"], "-j", "1", "--no-progress", "-o")
 
 
 def case_disk_full_export(m: Matrix) -> tuple[str, str]:
-    disk = m.work / "disk-export"
-    if os.geteuid() != 0 or not _tmpfs(disk, "64k"):
-        return "skipped", "mounting a small tmpfs needs root"
-    try:
-        p = m.run("-m", "adaponder.cli.export_hf", m.base_run() / "checkpoints" / "step00000004", disk / "hf")
-        verdict = refusal(p, "No space left on device")
-        leftovers = [x.name for x in disk.iterdir()]
-        return (verdict if not leftovers or verdict[0] != "clear error"
-                else ("unclear", f"{verdict[1]}; left behind {leftovers}"))
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+    return _disk_full(m, "disk-export", "64k", "-m", "adaponder.cli.export_hf",
+                      m.base_run() / "checkpoints" / "step00000004")
 
 
 CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [

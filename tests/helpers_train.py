@@ -88,6 +88,27 @@ def tiny_train_config(data: Path, tokenizer: Path, out_dir: Path, **sections: An
     return cfg
 
 
+def poison_checkpoint(tag_dir: str | Path) -> str:
+    """NaN into one weight of a ZeRO-0 checkpoint, the manifest updated to match (as a checkpoint written before
+    the finite flag, or altered by hand, would be). Returns the weight's name."""
+    import json
+
+    import torch
+
+    from adaponder.train.checkpoint import file_sha256
+
+    tag_dir = Path(tag_dir)
+    f = tag_dir / "mp_rank_00_model_states.pt"
+    sd = torch.load(f, map_location="cpu", weights_only=False)
+    name = next(k for k, v in sd["module"].items() if v.is_floating_point())
+    sd["module"][name].view(-1)[0] = float("nan")
+    torch.save(sd, f)
+    state = json.loads((tag_dir / "trainer_state.json").read_text())
+    state["manifest"][f.name], state["sha256"][f.name] = f.stat().st_size, file_sha256(f)
+    (tag_dir / "trainer_state.json").write_text(json.dumps(state))
+    return name
+
+
 # -- running the launcher from tests ----------------------------------------------------------------------
 def cpu_env(**extra: str) -> dict[str, str]:
     """Environment for CPU runs: DeepSpeed's CPU accelerator (gloo), offline hubs, no wandb."""
@@ -273,4 +294,4 @@ def write_config(path: str | Path, cfg: dict[str, Any]) -> Path:
 
 __all__ = ["tiny_corpus", "tiny_tokenizer", "tiny_data", "tiny_train_config", "TINY_VOCAB", "REPO", "cpu_env",
            "LauncherWorker", "deepspeed_launch", "free_port", "signal_deepspeed_launch", "read_metrics",
-           "write_config"]
+           "write_config", "poison_checkpoint"]

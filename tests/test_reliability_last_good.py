@@ -4,7 +4,6 @@ perplexity is an error, not a number."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_train import tiny_train_config, write_config
+from helpers_train import poison_checkpoint as _poison, tiny_train_config, write_config
 
-from adaponder.train.checkpoint import (CheckpointError, CheckpointManager, file_sha256, find_resume, list_tags,
+from adaponder.train.checkpoint import (CheckpointError, CheckpointManager, find_resume, list_tags,
                                         read_state, validate)
 
 
@@ -59,20 +58,6 @@ def test_rotation_never_deletes_the_newest_checkpoint_with_finite_weights(tmp_pa
     with pytest.raises(CheckpointError, match=re.escape(f"cannot resume from {tmp_path / 'step00000008'}: its "
                                                         "weights were not all finite")):
         validate(tmp_path / "step00000008", {})
-
-
-def _poison(tag_dir: Path) -> str:
-    """NaN into one weight of a ZeRO-0 checkpoint, the manifest updated to match (as a checkpoint written before
-    the finite flag, or altered by hand, would be). Returns the weight's name."""
-    f = tag_dir / "mp_rank_00_model_states.pt"
-    sd = torch.load(f, map_location="cpu", weights_only=False)
-    name = next(k for k, v in sd["module"].items() if v.is_floating_point())
-    sd["module"][name].view(-1)[0] = float("nan")
-    torch.save(sd, f)
-    state = json.loads((tag_dir / "trainer_state.json").read_text())
-    state["manifest"][f.name], state["sha256"][f.name] = f.stat().st_size, file_sha256(f)
-    (tag_dir / "trainer_state.json").write_text(json.dumps(state))
-    return name
 
 
 @pytest.fixture(scope="module")
