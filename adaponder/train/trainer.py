@@ -584,7 +584,7 @@ class Trainer:
             M.close_progress_bar()
 
     def _announce(self) -> None:
-        """Rank 0's first line: what is trained, where, and on what schedule."""
+        """Rank 0's first lines: what is trained, where, and on what schedule; whether it fits the GPU's memory."""
         if self.rank != 0:
             return
         cfg, plan, p = self.cfg, self.plan, self.model.parameter_counts()
@@ -596,6 +596,11 @@ class Trainer:
             + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
                f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
             + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
+        from .plan import startup_memory_warning  # (CUDA only: the planner's memory model against this device)
+
+        warning = startup_memory_warning(cfg, self.device, self.world_size, self.model.config)
+        if warning:
+            self.sink.log({"kind": "event", "step": self.step, "event": "memory_warning", "message": warning}, warning)
 
     def _count_skip(self, res: dict[str, Any]) -> bool:
         """Whether the step just taken applied no update (an fp16 overflow, or a non-finite loss or gradient norm),
