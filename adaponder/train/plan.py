@@ -40,14 +40,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, TrainConfigError, plan_run
+from .config import TrainConfig, TrainConfigError, backbone_shape, plan_run
 from .peak import cuda_peak
 
 GiB = 1024**3
@@ -91,12 +89,9 @@ def model_config_of(cfg: TrainConfig):
     if cfg.init.backbone is None:
         return cfg.model_config()
     mode, overrides = cfg.model_overrides()
-    local = Path(cfg.init.backbone) / "config.json"
-    if local.is_file():
-        src = json.loads(local.read_text(encoding="utf-8"))
-        keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                "max_position_embeddings", "use_parallel_residual", "tie_word_embeddings", "rotary_pct")
-        return AdaPonderConfig(**{k: src[k] for k in keys if k in src}, mode=mode, **overrides)
+    shape = backbone_shape(cfg.init.backbone)
+    if shape is not None:
+        return AdaPonderConfig(**shape, mode=mode, **overrides)
     match = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", str(cfg.init.backbone).lower())
     if match is None:
         raise TrainConfigError([f"init.backbone: {cfg.init.backbone} is neither a local checkpoint folder nor a "

@@ -185,8 +185,8 @@ class Trainer:
     def _setup_data(self) -> None:
         cfg = self.cfg
         from adaponder.data.errors import DataError
-        from adaponder.data.prepare import TOKENIZER_FILE
         from adaponder.data.tokenizer import load_tokenizer
+        from adaponder.data.training_source import tokenizer_path as run_tokenizer
 
         path = Path(cfg.data.path)
         if cfg.data.prepare and not (path / "meta.json").is_file():
@@ -197,18 +197,18 @@ class Trainer:
                     from adaponder.data.prepare import prepare
 
                     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
-                    prepare(inputs, path, tokenizer=cfg.data.tokenizer, text_field=cfg.data.text_field,
-                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers, progress=False,
+                    tokenizer = None if cfg.data.train_tokenizer else run_tokenizer(cfg.data, cfg.init.backbone)
+                    prepare(inputs, path, tokenizer=tokenizer,
+                            text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction,
+                            num_workers=cfg.data.prepare_workers, progress=False,
                             train_tokenizer=cfg.data.train_tokenizer)
                 except (DataError, ValueError) as e:
                     err = f"preparing data.prepare into {path}: {e}"
             err = broadcast_error(err)
             if err:
                 raise DataError(err)
-        # A tokenizer trained by ``prepare --train-tokenizer`` lives next to the shards and is the default.
-        tokenizer_path = cfg.data.tokenizer
-        if tokenizer_path is None and (path / TOKENIZER_FILE).is_file():
-            tokenizer_path = str(path / TOKENIZER_FILE)
+        # data.tokenizer, the one next to the shards, a local backbone's, or the bundled one
+        tokenizer_path = run_tokenizer(cfg.data, cfg.init.backbone)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.tokenizer_path = tokenizer_path
 
