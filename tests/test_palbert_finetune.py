@@ -184,6 +184,10 @@ def test_finetune_smoke_sst2_writes_every_exit_rule(worker, tmp_path, shared_dat
         for rule in rules:
             t = res["timing"][b][rule]
             assert t["sec_per_example"] > 0 and t["ideal_speedup"] == pytest.approx(n / t["mean_exit_pass"])
+            lo, hi = t["speedup_iqr"]
+            assert lo <= t["measured_speedup"] <= hi and t["rounds"] == 1  # timing.repeats=1
+            assert t["above_ideal"] == (t["measured_speedup"] > t["ideal_speedup"] * (1 + 1e-9))
+    assert res["timing"]["budget_seconds"] == 60 and res["timing"]["examples_timed"] == {"batch_1": 8, "batch_8": 8}
     table = (out / "results.md").read_text()
     for name in ("Q-exit", "sampling", "expectation", "always-last", "PABEE", "ms/example @1", "ms/example @8",
                  "majority class"):

@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--resume", default=None, metavar="auto|PATH",
                     help="continue from the newest intact checkpoint of the run ('auto'; a fresh start when there is "
                          "none) or from a checkpoint folder; without it a run refuses a folder holding checkpoints")
+    ap.add_argument("--timing-budget", type=float, default=None, metavar="SECONDS",
+                    help="time budget of the timing phase (sets timing.budget_seconds; default 60 s, 'null' via --set "
+                         "for none): fewer rounds and examples are timed when it runs out")
     add_debug_help(ap)
     ap.add_argument("--deepspeed", action="store_true",
                     help="accepted for the deepspeed launcher's convention; training always runs on a DeepSpeed engine")
@@ -86,6 +89,8 @@ def main(argv=None) -> int:
 
     # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.
     overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
+    if args.timing_budget is not None:
+        overrides.append(f"timing.budget_seconds={args.timing_budget!r}")
     cfg = load_finetune_config(find_config(args.config), overrides)
     if args.init:  # replaces the config's init together with its revision (which names another model)
         init, revision = args.init, args.init_revision

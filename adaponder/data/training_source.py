@@ -4,6 +4,8 @@
 :class:`~adaponder.data.loader.PackedLoader`; ``data.format: indexed`` reads a Megatron/GPT-NeoX indexed
 dataset (``PREFIX.bin``/``PREFIX.idx``) with :class:`~adaponder.data.indexed.IndexedLoader` in ``data.order``.
 
+The tokenizer: :func:`tokenizer_path`.
+
 Validation: ``data.val_path`` names a separate source — a prepared folder (its ``data.val_split``) or an
 indexed PREFIX (all of it, in ``data.val_order`` or else ``data.order``), told apart by what is on disk —;
 without it, the ``val`` split of the packed ``data.path``.
@@ -39,6 +41,20 @@ def train_loader(data: Any, *, seq_len: int, micro_batch: int, rank: int, world_
     return PackedLoader(data.path, split="train", seq_len=seq_len, micro_batch_size=micro_batch, rank=rank,
                         world_size=world_size, seed=seed, tokenizer_fingerprint=tokenizer.fingerprint,
                         vocab_size=vocab_size)
+
+
+def tokenizer_path(data: Any, backbone: str | None = None) -> str | None:
+    """The run's tokenizer file: ``data.tokenizer``; else the one saved next to the prepared shards (trained by
+    ``adaponder-prepare --train-tokenizer``); else a local ``backbone`` checkpoint folder's ``tokenizer.json``
+    (the vocabulary its embeddings were trained on); else ``None``, the bundled Pythia tokenizer."""
+    from .prepare import TOKENIZER_FILE
+
+    if _get(data, "tokenizer") is not None:
+        return data.tokenizer
+    for folder in (data.path, backbone):
+        if folder is not None and (Path(folder) / TOKENIZER_FILE).is_file():
+            return str(Path(folder) / TOKENIZER_FILE)
+    return None
 
 
 def validation_source(data: Any) -> dict[str, Any]:
@@ -77,4 +93,4 @@ def validation_batches(data: Any, *, seq_len: int, micro_batch: int, rank: int, 
                              vocab_size=vocab_size, max_batches=max_batches)
 
 
-__all__ = ["train_loader", "validation_source", "validation_batches"]
+__all__ = ["train_loader", "tokenizer_path", "validation_source", "validation_batches"]

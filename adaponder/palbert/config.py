@@ -151,12 +151,16 @@ class EvalSection:
 @dataclass
 class TimingSection:
     """Measured time per example with early exit (each rule) against always-last, at each batch size,
-    over the first ``max_examples`` dev examples; the minimum over ``repeats`` interleaved runs."""
+    over the first ``max_examples`` dev examples; the speed-up is the median over up to ``repeats`` rounds of
+    interleaved runs, with its spread (:mod:`adaponder.palbert.timing`)."""
 
     enabled: bool = True
     batch_sizes: Annotated[list[Count], Field(min_length=1)] = field(default_factory=lambda: [1, 32])
     max_examples: Count = 256
-    repeats: Count = 3
+    repeats: Count = 5
+    #: Seconds for the whole phase, shared equally by the batch sizes; fewer rounds and examples are timed when
+    #: it runs out (each batch size stops at the first batch past its share). ``null``: no budget.
+    budget_seconds: PositiveFloat | None = 60.0
     rules: list[ExitRule] = field(default_factory=lambda: list(EXIT_RULES))
     #: 0 = leave torch's setting.
     threads: NonNegativeInt = 0

@@ -16,7 +16,8 @@ sink (``metrics.jsonl``, console, wandb) and SIGTERM/SIGINT handling. The phases
 2. **dev** — the best checkpoint's weights; every exit rule on dev from one N-pass forward (sharded over the
    ranks): metric, mean exit pass, speed-up N / mean exit pass, exit histogram, metric per pass;
 3. **online** — the online (early-exit) path checked against the offline rule (rank 0);
-4. **timing** — time per example with early exit vs always-last at batch 1 and 32 (rank 0).
+4. **timing** — time per example with early exit vs always-last at batch 1 and 32 (rank 0), within
+   ``timing.budget_seconds``; the speed-up as the median over rounds with its spread (:mod:`.timing`).
 
 The rules' evaluation and timing live in :mod:`adaponder.palbert.rule_evaluation`, the results table in
 :mod:`adaponder.palbert.results`; this module holds the run: tokenizer and model set-up, the training loop, the
@@ -78,9 +79,8 @@ from adaponder.palbert.rule_evaluation import (
     forward_all,
     padded_batches,
     predict_all,
-    time_rules,
-    timing_units,
 )
+from adaponder.palbert.timing import time_rules, timing_units
 from adaponder.seeding import seed_everything
 from adaponder.train import metrics as M
 from adaponder.train.checkpoint import (
@@ -725,23 +725,7 @@ class FineTuner:
         self._phase_done("online", t_eval)
 
         # -- timing ------------------------------------------------------------------------------------------
-        tm = cfg.timing
-        if tm.enabled:
-            ids = self.dev_ids[:tm.max_examples]
-            bar = self._bar(timing_units(len(ids), tm.batch_sizes, tm.repeats), "timing")
-            try:
-                def tick_timing(k: int) -> None:
-                    bar.update(k)
-                    self._check_stop("timing", collective=False)
-
-                self.results["timing"] = time_rules(plain, ids, self.tokenizer.pad_id,
-                                                    rules=[r for r in tm.rules if r in self.rules],
-                                                    batch_sizes=tm.batch_sizes, repeats=tm.repeats, q=ecfg.q,
-                                                    patience=ecfg.patience, threads=tm.threads, progress=tick_timing)
-            finally:
-                bar.close()
-        else:
-            self.results["timing"] = None
+        self.results["timing"] = self._timing(plain) if cfg.timing.enabled else None
         self._phase_done("timing", t_eval)
 
         if cfg.train.save_model:
@@ -750,6 +734,25 @@ class FineTuner:
         self._write_results()
         self.log(results_markdown(self.results))
         return self.results
+
+    def _timing(self, plain) -> dict[str, Any]:
+        """Phase 4 (rank 0): online inference with each rule against always-last, within timing.budget_seconds."""
+        tm, ecfg = self.cfg.timing, self.cfg.eval
+        ids = self.dev_ids[:tm.max_examples]
+        budget = f"a budget of {tm.budget_seconds:g} s" if tm.budget_seconds is not None else "no time budget"
+        self.log(f"timing phase: {len(ids)} dev examples at batch sizes {tm.batch_sizes}, up to {tm.repeats} "
+                 f"rounds, {budget} (timing.budget_seconds)")
+        bar = self._bar(timing_units(len(ids), tm.batch_sizes, tm.repeats), "timing")
+        try:
+            def tick_timing(k: int) -> None:
+                bar.update(k)
+                self._check_stop("timing", collective=False)
+
+            return time_rules(plain, ids, self.tokenizer.pad_id, rules=[r for r in tm.rules if r in self.rules],
+                              batch_sizes=tm.batch_sizes, repeats=tm.repeats, q=ecfg.q, patience=ecfg.patience,
+                              threads=tm.threads, budget_seconds=tm.budget_seconds, progress=tick_timing)
+        finally:
+            bar.close()
 
     # ---- results --------------------------------------------------------------------------------------
     def _results_base(self) -> dict[str, Any]:

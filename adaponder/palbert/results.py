@@ -19,9 +19,34 @@ def _fmt(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+def _speedup_cell(t: dict[str, Any]) -> str:
+    """Median speed-up and its interquartile range; a median above the ideal says it is noise."""
+    cell = _fmt(t["measured_speedup"], 2)
+    if t.get("speedup_iqr"):
+        cell += f" (IQR {_fmt(t['speedup_iqr'][0], 2)}–{_fmt(t['speedup_iqr'][1], 2)})"
+    if t.get("above_ideal"):
+        cell += f" **{t['note']}** (ideal {_fmt(t['ideal_speedup'], 2)})"
+    return cell
+
+
+def _timing_line(timing: dict[str, Any], batch_keys: list[str]) -> str:
+    done = timing.get("examples_timed") or {}
+    rounds = timing.get("rounds") or {}
+    if not done:  # (results written before the budget existed)
+        return (f"timing: {timing['examples']} dev examples, {timing['threads']} thread(s), each batch the best of "
+                f"{timing['repeats']} interleaved runs; speed-up measured against always-last")
+    sizes = "; ".join(f"@{bk.split('_')[1]}: {done[bk]} of {timing['examples']} examples, {rounds[bk]} round(s)"
+                      for bk in batch_keys)
+    budget = timing.get("budget_seconds")
+    spent = f"{timing['seconds']:.0f} s" + (f" of a {budget:g} s budget" if budget is not None else "")
+    return (f"timing ({spent}, {timing['threads']} thread(s)): {sizes}; speed-up against always-last, the "
+            "median over rounds with its interquartile range (rules interleaved in every round)")
+
+
 def results_markdown(results: dict[str, Any]) -> str:
     """The results table: metric per exit rule, mean exit pass, speed-up N / mean exit pass, and measured
-    time per example (ms) at each timed batch size with the measured speed-up over always-last. A run whose
+    time per example (ms) at each timed batch size with the measured speed-up over always-last (median and
+    interquartile range over rounds; flagged as timing noise when above the ideal). A run whose
     later phases did not finish says which ones are missing."""
     n = results["num_passes"]
     rules = results["dev"]["rules"]
@@ -47,8 +72,8 @@ def results_markdown(results: dict[str, Any]) -> str:
                _fmt(st["speedup"], 2)]
         for bk in batch_keys:
             t = timing[bk].get(rule)
-            row += ["—", "—", "—"] if t is None else [_fmt(1000 * t["sec_per_example"], 3),
-                                                     _fmt(t["measured_speedup"], 2), _fmt(t["ratio_to_ideal"], 2)]
+            row += ["—", "—", "—"] if t is None else [_fmt(1000 * t["sec_per_example"], 3), _speedup_cell(t),
+                                                     _fmt(t["ratio_to_ideal"], 2)]
         lines.append("| " + " | ".join(row) + " |")
     per_pass = results["dev"].get("per_pass")
     if per_pass:
@@ -65,8 +90,7 @@ def results_markdown(results: dict[str, Any]) -> str:
                   f"{_fmt(on['metrics'][results['main_metric']])}, exit agreement with offline "
                   f"{on['exit_agreement']:.4f}"]
     if timing:
-        lines += [f"timing: {timing['examples']} dev examples, {timing['threads']} thread(s), each batch the "
-                  f"best of {timing['repeats']} interleaved runs; speed-up measured against always-last"]
+        lines += [_timing_line(timing, batch_keys)]
     missing = [p for p in PHASES if p not in results.get("phases", PHASES)]
     if missing:
         lines += ["", f"**incomplete run**: phases not finished: {', '.join(missing)} (rerun with --resume auto)"]

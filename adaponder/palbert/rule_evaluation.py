@@ -2,15 +2,13 @@
 
 :func:`forward_all` runs all N passes once (sharded over the ranks under ZeRO-3); :func:`evaluate_rules` derives
 each rule's metrics, mean exit pass and exit histogram from that one forward (the offline rules equal online early
-exit, see the tests); :func:`predict_all` runs the online path; :func:`time_rules` times online inference with each
-rule against always-last. The fine-tuning recipe (:mod:`adaponder.palbert.finetune`) calls these in its dev, online
-and timing phases.
+exit, see the tests); :func:`predict_all` runs the online path; :mod:`adaponder.palbert.timing` times online
+inference with each rule against always-last. The fine-tuning recipe (:mod:`adaponder.palbert.finetune`) calls
+these in its dev, online and timing phases.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,8 +25,7 @@ from adaponder.palbert.classifier import (
 from adaponder.palbert.glue import GlueTaskSpec, pad_batch
 from adaponder.palbert.metrics import glue_metrics
 
-__all__ = ["RULE_NAMES", "padded_batches", "forward_all", "evaluate_rules", "predict_all", "timing_units",
-           "time_rules"]
+__all__ = ["RULE_NAMES", "padded_batches", "forward_all", "evaluate_rules", "predict_all"]
 
 RULE_NAMES = {"q": "Q-exit", "sample": "sampling", "expectation": "expectation", "last": "always-last",
               "pabee": "PABEE"}
@@ -165,69 +162,3 @@ def predict_all(model, batches, rule, q, patience, seed=0, progress: Callable[[i
         if progress is not None:
             progress(1)
     return torch.cat(preds), torch.cat(exits)
-
-
-def timing_units(n_examples: int, batch_sizes: Sequence[int], repeats: int) -> int:
-    """How many ``progress`` ticks :func:`time_rules` makes: one per batch and round (warm-up included)."""
-    return sum(-(-n_examples // bs) for bs in batch_sizes) * (repeats + 1)
-
-
-def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence[int]], pad_id: int, *,
-               rules: Sequence[str], batch_sizes: Sequence[int], repeats: int, q: float, patience: int,
-               threads: int = 0, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Measured time per example of online inference with each rule vs always-last (B9: passes after the
-    exit are not computed).
-
-    Every batch is run ``repeats`` times with each rule, the rules interleaved, after one untimed warm-up;
-    a batch's time is its fastest run and a rule's time is the sum over batches — so a stall caused by
-    other processes hits no rule more than another. ``threads`` (0 = unchanged) sets torch's intra-op
-    threads meanwhile; 1 is the most stable on a shared machine. ``ratio_to_ideal`` = measured speed-up
-    (t_last / t_rule) / ideal speed-up (N / mean exit pass). ``progress(1)`` after each batch and round
-    (:func:`timing_units` in all); it may raise to stop the measurement.
-    """
-    n = model.config.palbert_passes
-    rules = list(dict.fromkeys([*rules, "last"]))
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    model.eval()
-    device = _device_of(model)
-    out: dict[str, Any] = {"examples": len(ids), "threads": torch.get_num_threads(), "repeats": repeats,
-                           "device": str(device)}
-    try:
-        for bs in batch_sizes:
-            batches = [{k: v.to(device) for k, v in b.items()}
-                       for b in padded_batches(ids, [0] * len(ids), bs, pad_id)]
-            total = {r: 0.0 for r in rules}
-            exits: dict[str, list[torch.Tensor]] = {r: [] for r in rules}
-            for bi, batch in enumerate(batches):
-                best = {r: math.inf for r in rules}
-                for rep in range(repeats + 1):  # round 0 warms up and is not timed
-                    for rule in rules:
-                        gen = _generator(device, bi)
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        res = model.predict(batch["input_ids"], batch["attention_mask"], rule, q=q,
-                                            patience=patience, generator=gen)
-                        _sync(device)
-                        dt = time.perf_counter() - t0
-                        if rep == 0:
-                            exits[rule].append(res.exit_pass.cpu())
-                        else:
-                            best[rule] = min(best[rule], dt)
-                    if progress is not None:
-                        progress(1)
-                for rule in rules:
-                    total[rule] += best[rule]
-            entry: dict[str, Any] = {}
-            for rule in rules:
-                mean_exit = float(torch.cat(exits[rule]).float().mean())
-                measured = total["last"] / total[rule]
-                ideal = n / mean_exit
-                entry[rule] = {"sec_per_example": total[rule] / len(ids), "mean_exit_pass": mean_exit,
-                               "measured_speedup": measured, "ideal_speedup": ideal,
-                               "ratio_to_ideal": measured / ideal}
-            out[f"batch_{bs}"] = entry
-    finally:
-        torch.set_num_threads(old_threads)
-    return out

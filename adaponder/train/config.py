@@ -56,7 +56,8 @@ class DataConfig:
     #: ``packed``: ``path`` is a prepared data folder (``adaponder-prepare`` output: ``meta.json`` + shards).
     #: ``indexed``: ``path`` is the PREFIX of a Megatron/GPT-NeoX indexed dataset (``PREFIX.bin`` +
     #: ``PREFIX.idx``, e.g. Pythia's pre-tokenized Pile); see :mod:`adaponder.data.indexed`.
-    format: Literal["packed", "indexed"] = "packed"
+    #: ``auto``: ``indexed`` when ``PATH.idx`` exists, else ``packed``; resolved when the config is loaded.
+    format: Literal["auto", "packed", "indexed"] = "packed"
     #: Prepared data folder, or the indexed dataset's PREFIX (``data.format: indexed``).
     path: str | None = None
     #: ``data.format: indexed`` only. ``sequences``: every item is one ready sample of ``seq_len + 1`` tokens,
@@ -395,16 +396,57 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
 
 def _position_problems(cfg: TrainConfig) -> list[str]:
     """The model must have positions for every backbone position of a training sample (A19: a token and
-    its P pauses take P+1 positions)."""
-    mc = cfg.model_config()
+    its P pauses take P+1 positions). With ``init.backbone`` the positions are the checkpoint's (local folders
+    only: a hub id's shape is known once it is downloaded)."""
+    if cfg.init.backbone is None:
+        mc, whose = cfg.model_config(), "model.max_position_embeddings"
+    else:
+        from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError
+
+        shape = backbone_shape(cfg.init.backbone)
+        if shape is None:
+            return []
+        mode, overrides = cfg.model_overrides()
+        try:
+            mc = AdaPonderConfig(**shape, mode=mode, **overrides)
+        except (AdaPonderConfigError, TypeError, ValueError):
+            return []  # (the trainer names what is wrong with the model section when it builds the model)
+        whose = ("model.max_position_embeddings" if "max_position_embeddings" in overrides
+                 else f"the max_position_embeddings of init.backbone {cfg.init.backbone}")
     stride = mc.num_pauses + 1
     positions = cfg.data.seq_len * stride
     if positions <= mc.max_position_embeddings:
         return []
     what = f"{cfg.data.seq_len} tokens × (1 + {mc.num_pauses} pauses) = {positions} positions" if stride > 1 \
         else f"{positions} tokens"
-    return [f"data.seq_len: {what} exceed model.max_position_embeddings ({mc.max_position_embeddings}); "
+    return [f"data.seq_len: {what} exceed {whose} ({mc.max_position_embeddings}); "
             "lower data.seq_len or raise model.max_position_embeddings"]
+
+
+#: The shape keys of a GPT-NeoX ``config.json`` that an AdaPonder model continuing from it takes over.
+BACKBONE_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                       "max_position_embeddings", "use_parallel_residual", "tie_word_embeddings", "rotary_pct")
+
+
+def backbone_shape(backbone: str) -> dict[str, Any] | None:
+    """The shape fields of a local checkpoint folder's ``config.json``; ``None`` for a hub id or an unreadable file."""
+    local = Path(backbone) / "config.json"
+    try:
+        src = json.loads(local.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {k: src[k] for k in BACKBONE_SHAPE_KEYS if k in src} if isinstance(src, dict) else None
+
+
+def _resolve_data_format(data: DataConfig) -> None:
+    """``data.format: auto``: an indexed PREFIX when ``PATH.idx`` exists, else a prepared (packed) folder, which
+    ``data.prepare`` may still have to write."""
+    if data.format != "auto":
+        return
+    from adaponder.data.indexed import is_indexed_prefix
+
+    indexed = data.path is not None and data.prepare is None and is_indexed_prefix(data.path)
+    data.format = "indexed" if indexed else "packed"
 
 
 # -- loading ----------------------------------------------------------------------------------------------
@@ -421,9 +463,10 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
     sections = typed_config.validate_sections(raw, SECTIONS, problems, bad, others=("model",))
     model = raw.get("model") or {}
     cfg = TrainConfig(model=dict(model) if isinstance(model, Mapping) else {}, source=source, **sections)
+    _resolve_data_format(cfg.data)
     model_problems = _model_problems(model, cfg.init.backbone is not None)
     problems += model_problems + _cross_problems(cfg, bad)
-    if not model_problems and cfg.init.backbone is None and "data.seq_len" not in bad:
+    if not model_problems and "data.seq_len" not in bad and "init.backbone" not in bad:
         problems += _position_problems(cfg)
     if problems:
         raise TrainConfigError(problems, source)
@@ -513,4 +556,5 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
 
 
 __all__ = ["TrainConfig", "TrainConfigError", "RunPlan", "load_config", "config_from_dict", "apply_overrides",
-           "plan_run", "build_model_config", "batch_override_problems", "SECTIONS"]
+           "plan_run", "build_model_config", "batch_override_problems", "SECTIONS", "backbone_shape",
+           "BACKBONE_SHAPE_KEYS"]

@@ -38,18 +38,20 @@ its step time is scaled by (training FLOPs + backbone forward) / training FLOPs 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .config import TrainConfig, TrainConfigError, plan_run
+from .config import TrainConfig, TrainConfigError, backbone_shape, plan_run
 from .peak import cuda_peak
 
 GiB = 1024**3
+#: Share of the usable memory a shipped preset leaves free, and that the advice keeps free: the model misses
+#: allocator fragmentation and a ±15% error against measured peaks is accepted (``tests/test_plan.py``).
+HEADROOM = 0.10
 #: Rows × V entries of one pondering/loss block (``adaponder.modeling.pondering.DEFAULT_BLOCK``).
 BLOCK_ENTRIES = 1 << 25
 
@@ -87,12 +89,9 @@ def model_config_of(cfg: TrainConfig):
     if cfg.init.backbone is None:
         return cfg.model_config()
     mode, overrides = cfg.model_overrides()
-    local = Path(cfg.init.backbone) / "config.json"
-    if local.is_file():
-        src = json.loads(local.read_text(encoding="utf-8"))
-        keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                "max_position_embeddings", "use_parallel_residual", "tie_word_embeddings", "rotary_pct")
-        return AdaPonderConfig(**{k: src[k] for k in keys if k in src}, mode=mode, **overrides)
+    shape = backbone_shape(cfg.init.backbone)
+    if shape is not None:
+        return AdaPonderConfig(**shape, mode=mode, **overrides)
     match = re.search(r"pythia-(\d+(?:\.\d+)?[mb])", str(cfg.init.backbone).lower())
     if match is None:
         raise TrainConfigError([f"init.backbone: {cfg.init.backbone} is neither a local checkpoint folder nor a "
@@ -258,6 +257,19 @@ class Plan:
     max_dividing: dict[str, int]  # the largest that fits and divides the global batch over the ranks
     step_seconds: dict[str, float | None]
     config_checkpointing: bool = False
+    #: ``--set`` overrides that make the run fit with :data:`HEADROOM` at the same global batch (empty: it does
+    #: already); ``advice_note``: what they give, or why nothing does.
+    advice: list[str] = dataclasses.field(default_factory=list)
+    advice_note: str = ""
+
+    @property
+    def config_variant(self) -> str:
+        return "per-pass checkpointing" if self.config_checkpointing else "no checkpointing"
+
+    @property
+    def headroom(self) -> float:
+        """Share of the usable memory the config's own setting leaves free (negative: it does not fit)."""
+        return 1 - self.memory[self.config_variant].peak / self.usable_bytes
 
     def days(self, variant: str) -> float | None:
         t = self.step_seconds[variant]
@@ -278,9 +290,37 @@ def largest_micro_batch(fits, limit: int = 4096) -> int:
     return lo
 
 
+def fit_advice(cfg: TrainConfig, per_rank: int, estimate, usable: float) -> tuple[list[str], str]:
+    """``--set`` overrides that fit the run in ``(1 - HEADROOM) × usable`` bytes at the same global batch: the
+    largest micro-batch dividing the ``per_rank`` sequences each rank takes per step, in the config's checkpointing
+    setting, else with per-pass checkpointing on. ``estimate(b, checkpointing)`` is the :class:`Memory` of
+    micro-batch b. Returns ([], note) when the config fits already or nothing does."""
+    limit = (1 - HEADROOM) * usable
+    ckpt_now = cfg.deepspeed.activation_checkpointing
+    if estimate(cfg.train.micro_batch, ckpt_now).peak <= limit:
+        return [], ""
+    for ckpt in dict.fromkeys((ckpt_now, True)):
+        best = largest_micro_batch(lambda b, c=ckpt: estimate(b, c).peak <= limit, limit=per_rank)
+        b = max((b for b in range(1, best + 1) if per_rank % b == 0), default=0)
+        if b == 0:
+            continue
+        sets = [f"train.micro_batch={b}"]
+        if cfg.train.grad_accum is not None:  # (with only global_batch given, accumulation follows by itself)
+            sets.append(f"train.grad_accum={per_rank // b}")
+        if ckpt != ckpt_now:
+            sets.append("deepspeed.activation_checkpointing=true")
+        peak = estimate(b, ckpt).peak
+        return sets, (f"accumulation {per_rank // b}, the same global batch; peak {peak / GiB:.1f} GiB, "
+                      f"{1 - peak / usable:.0%} headroom")
+    return [], (f"not even micro-batch 1 with per-pass checkpointing leaves {HEADROOM:.0%} headroom: use more "
+                "GPUs, a higher deepspeed.zero_stage or deepspeed.offload_optimizer")
+
+
 def make_plan(cfg: TrainConfig, gpus: int, device: Device, *, mfu: float = 0.4, memory_gib: float | None = None,
-              peak_flops: float | None = None, reserve_gib: float = 3.0) -> Plan:
-    mc = model_config_of(cfg)
+              peak_flops: float | None = None, reserve_gib: float = 3.0, model_cfg=None) -> Plan:
+    """The plan of ``cfg`` on ``gpus`` × ``device``; ``model_cfg``: the model's configuration when it is known
+    already (a built model's), else it follows from ``cfg`` (:func:`model_config_of`)."""
+    mc = model_cfg if model_cfg is not None else model_config_of(cfg)
     model = _meta_model(mc)
     counts = model.parameter_counts()
     n = counts["total"]
@@ -305,12 +345,14 @@ def make_plan(cfg: TrainConfig, gpus: int, device: Device, *, mfu: float = 0.4, 
         dividing[name] = max((b for b in range(1, biggest[name] + 1) if per_rank % b == 0), default=0)
         work = flops["total"] + (fwd_backbone if ckpt else 0.0)
         step[name] = rp.tokens_per_step * work / (gpus * peak * mfu) if peak else None
+    advice, note = fit_advice(cfg, per_rank, estimate, usable)
     return Plan(config=cfg.source or "", device=device.label, gpus=gpus, precision=prec, zero_stage=ds.zero_stage,
                 micro_batch=rp.micro_batch, grad_accum=rp.grad_accum, global_batch=rp.global_batch,
                 seq_len=rp.seq_len, passes=mc.num_passes, mode=mc.mode, params=counts, flops_per_token=flops,
                 budget_tokens=float(rp.total_steps * rp.tokens_per_step), total_steps=rp.total_steps,
                 peak_flops=peak, mfu=mfu, usable_bytes=usable, memory=mem, max_micro_batch=biggest,
-                max_dividing=dividing, step_seconds=step, config_checkpointing=ds.activation_checkpointing)
+                max_dividing=dividing, step_seconds=step, config_checkpointing=ds.activation_checkpointing,
+                advice=advice, advice_note=note)
 
 
 def _gib(x: float) -> str:
@@ -353,7 +395,7 @@ def format_plan(p: Plan) -> str:
     lines.append("| largest micro-batch that fits | " + " | ".join(str(p.max_micro_batch[n]) for n in names) + " |")
     lines.append(f"| … that divides {p.global_batch} / {p.gpus} ranks | "
                  + " | ".join(str(p.max_dividing[n]) for n in names) + " |")
-    lines.append("")
+    lines += ["", *verdict_lines(p), ""]
     if p.peak_flops:
         lines += [f"Time at {p.mfu:.0%} MFU of {p.peak_flops / 1e12:,.0f} TFLOP/s per GPU, "
                   f"{p.budget_tokens / 1e9:,.1f} B tokens ({p.total_steps:,} steps of "
@@ -366,14 +408,66 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def verdict_lines(p: Plan) -> list[str]:
+    """Whether the config's own setting fits (with the headroom the presets keep), and if not, what to set."""
+    peak = p.memory[p.config_variant].peak
+    what = f"peak {_gib(peak)} GiB of {_gib(p.usable_bytes)} GiB usable"
+    if peak > p.usable_bytes:
+        lines = [f"fits: no ({what})"]
+    elif p.headroom < HEADROOM:
+        lines = [f"fits: barely ({what}: {p.headroom:.0%} headroom, under the {HEADROOM:.0%} the presets keep)"]
+    else:
+        return [f"fits: yes ({what}: {p.headroom:.0%} headroom)"]
+    if p.advice:
+        lines.append(f"to fit: {advice_args(p.advice)}   ({p.advice_note})")
+    else:
+        lines.append(f"to fit: {p.advice_note}")
+    return lines
+
+
+def advice_args(sets: list[str]) -> str:
+    """``--set a=1 --set b=2``: accepted by launch/pretrain.py and launch/plan.py alike."""
+    return " ".join(f"--set {s}" for s in sets)
+
+
+def startup_memory_warning(cfg: TrainConfig, device, world_size: int, model_cfg=None, *,
+                           total_memory: int | None = None, name: str | None = None,
+                           reserve_gib: float = 3.0) -> str | None:
+    """The trainer's check before its first step: one warning line when, by the planner's model, the run will not
+    fit the memory of ``device`` (a :class:`torch.device`); ``None`` when it fits or the device is no CUDA GPU
+    (a CPU's memory is the host's, which the model does not describe). ``total_memory`` (bytes) and ``name``
+    default to what CUDA reports for the device."""
+    if getattr(device, "type", device) != "cuda":
+        return None
+    if total_memory is None or name is None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        total_memory = props.total_memory if total_memory is None else total_memory
+        name = props.name if name is None else name
+    # A copy: building the meta model must not touch the configuration of the model being trained.
+    model_cfg = copy.deepcopy(model_cfg) if model_cfg is not None else None
+    gib = total_memory / GiB
+    p = make_plan(cfg, world_size, Device(name, gib, name), memory_gib=gib, reserve_gib=reserve_gib,
+                  model_cfg=model_cfg)
+    if p.headroom >= 0:
+        return None
+    verdict, *advice = verdict_lines(p)
+    return (f"warning: this run will not fit {name} ({gib:.1f} GiB, {reserve_gib:g} GiB held back) by the "
+            f"planner's model, expect CUDA out of memory: {verdict.removeprefix('fits: no ')}; "
+            + " ".join(advice))
+
+
 def plan_dict(p: Plan) -> dict[str, Any]:
     out = dataclasses.asdict(p)
     out["days"] = {n: p.days(n) for n in p.memory}
+    out["headroom"] = p.headroom
     return out
 
 
 __all__ = ["DEVICES", "Device", "Memory", "Plan", "activation_bytes", "workspace_bytes", "state_bytes", "memory",
-           "make_plan", "format_plan", "largest_micro_batch", "model_config_of"]
+           "make_plan", "format_plan", "largest_micro_batch", "model_config_of", "HEADROOM", "fit_advice",
+           "verdict_lines", "advice_args", "startup_memory_warning"]
 
 
 if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently

@@ -185,8 +185,8 @@ class Trainer:
     def _setup_data(self) -> None:
         cfg = self.cfg
         from adaponder.data.errors import DataError
-        from adaponder.data.prepare import TOKENIZER_FILE
         from adaponder.data.tokenizer import load_tokenizer
+        from adaponder.data.training_source import tokenizer_path as run_tokenizer
 
         path = Path(cfg.data.path)
         if cfg.data.prepare and not (path / "meta.json").is_file():
@@ -197,18 +197,18 @@ class Trainer:
                     from adaponder.data.prepare import prepare
 
                     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
-                    prepare(inputs, path, tokenizer=cfg.data.tokenizer, text_field=cfg.data.text_field,
-                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers, progress=False,
+                    tokenizer = None if cfg.data.train_tokenizer else run_tokenizer(cfg.data, cfg.init.backbone)
+                    prepare(inputs, path, tokenizer=tokenizer,
+                            text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction,
+                            num_workers=cfg.data.prepare_workers, progress=False,
                             train_tokenizer=cfg.data.train_tokenizer)
                 except (DataError, ValueError) as e:
                     err = f"preparing data.prepare into {path}: {e}"
             err = broadcast_error(err)
             if err:
                 raise DataError(err)
-        # A tokenizer trained by ``prepare --train-tokenizer`` lives next to the shards and is the default.
-        tokenizer_path = cfg.data.tokenizer
-        if tokenizer_path is None and (path / TOKENIZER_FILE).is_file():
-            tokenizer_path = str(path / TOKENIZER_FILE)
+        # data.tokenizer, the one next to the shards, a local backbone's, or the bundled one
+        tokenizer_path = run_tokenizer(cfg.data, cfg.init.backbone)
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.tokenizer_path = tokenizer_path
 
@@ -584,7 +584,7 @@ class Trainer:
             M.close_progress_bar()
 
     def _announce(self) -> None:
-        """Rank 0's first line: what is trained, where, and on what schedule."""
+        """Rank 0's first lines: what is trained, where, and on what schedule; whether it fits the GPU's memory."""
         if self.rank != 0:
             return
         cfg, plan, p = self.cfg, self.plan, self.model.parameter_counts()
@@ -596,6 +596,11 @@ class Trainer:
             + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
                f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
             + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
+        from .plan import startup_memory_warning  # (CUDA only: the planner's memory model against this device)
+
+        warning = startup_memory_warning(cfg, self.device, self.world_size, self.model.config)
+        if warning:
+            self.sink.log({"kind": "event", "step": self.step, "event": "memory_warning", "message": warning}, warning)
 
     def _count_skip(self, res: dict[str, Any]) -> bool:
         """Whether the step just taken applied no update (an fp16 overflow, or a non-finite loss or gradient norm),
