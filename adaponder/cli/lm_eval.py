@@ -93,12 +93,26 @@ def checkpoint_of(argv: Sequence[str]) -> str | None:
     return None if ckpt is None else str(ckpt)
 
 
+def revision_of(argv: Sequence[str]) -> str | None:
+    """``revision=`` in ``--model_args`` (``k=v,...`` form), the hub revision of a checkpoint given by id."""
+    model_args = _value(argv, "--model_args") or ""
+    if model_args.lstrip().startswith("{"):
+        try:
+            return json.loads(model_args).get("revision")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+    values = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv)
+    return values.get("revision")
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_argv(sys.argv[1:] if argv is None else argv)
     if (ckpt := checkpoint_of(args)) is not None:
-        require_checkpoint(ckpt)  # a missing folder would end in transformers' "Repo id must be ..." error
+        # A missing folder would end in transformers' "Repo id must be ..." error; a hub id is resolved (or named
+        # in one error offline) as init.backbone is.
+        require_checkpoint(ckpt, revision=revision_of(args))
 
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging

@@ -124,9 +124,11 @@ def init_std(cfg: AdaPonderConfig, role: str) -> tuple[float, bool]:
     return (2.0 / (L * math.sqrt(d)) if role == "output" else small), False
 
 
-def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
-    """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
-    any mode, for continued pretraining (A14); ``cls`` is the model class to build.
+def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, *,
+                  revision: str | None = None, **overrides):
+    """Load a GPT-NeoX/Pythia (or AdaPonder) checkpoint — a local directory, a Hugging Face hub id
+    (``org/name`` at ``revision``, as ``init.backbone`` takes it) or a model object — into any mode, for
+    continued pretraining (A14); ``cls`` is the model class to build.
 
     The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
     source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
@@ -137,7 +139,7 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
     from transformers import GPTNeoXForCausalLM
 
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
+        path = os.fspath(_checkpoint_source(source, revision))
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(
                 f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
@@ -174,6 +176,19 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
         raise ValueError(f"backbone weights missing from the source checkpoint: {missing[:5]}")
     model.load_state_dict(kept, strict=False)
     return model.to(dtype) if dtype is not None else model
+
+
+def _checkpoint_source(source, revision):
+    """``adaponder.hub.checkpoint_source``. The import sits in a ``try`` because this file is also saved into
+    checkpoints as remote code, loadable without adaponder, and transformers skips imports inside ``try`` when it
+    lists a remote module's required packages; there only local folders are read."""
+    try:
+        from adaponder.hub import checkpoint_source
+    except ImportError:
+        if revision:
+            raise ValueError(f"{source}: a revision ({revision}) needs adaponder installed") from None
+        return source
+    return checkpoint_source(source, revision)
 
 
 __all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PythiaBackbone", "from_backbone", "init_pythia_",
