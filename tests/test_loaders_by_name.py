@@ -1,6 +1,6 @@
-"""Models by name in every public loader: the Python API (``from_backbone`` of the language model and of the PALBERT
-classifier, ``load_for_eval``, ``load_tokenizer_for``, the ``adaponder`` lm-eval model) and the evaluation commands
-take a Hugging Face hub id with a revision, resolved through the same code as ``init.backbone``
+"""Models by name in every public loader: the Python API (``from_backbone`` and ``from_pretrained`` of the language
+model and of the PALBERT classifier, ``load_for_eval``, ``load_tokenizer_for``, the ``adaponder`` lm-eval model) and
+the evaluation commands take a Hugging Face hub id with a revision, resolved through the same code as ``init.backbone``
 (:func:`adaponder.hub.resolve_pretrained`): offline, an id missing from the cache is the same error naming the id;
 a cached revision loads; a local folder still works.
 """
@@ -76,7 +76,20 @@ def _lm_eval_model(name, revision):
     return AdaPonderLM(checkpoint=name, revision=revision, device="cpu", dtype="float32")
 
 
+def _lm_from_pretrained(name, revision):
+    from adaponder.modeling import AdaPonderForCausalLM
+
+    return AdaPonderForCausalLM.from_pretrained(name, revision=revision)
+
+
+def _classifier_from_pretrained(name, revision):
+    from adaponder.palbert.classifier import AdaPonderForSequenceClassification
+
+    return AdaPonderForSequenceClassification.from_pretrained(name, revision=revision)
+
+
 LOADERS = {"from_backbone": _lm_from_backbone, "classifier.from_backbone": _classifier_from_backbone,
+           "from_pretrained": _lm_from_pretrained, "classifier.from_pretrained": _classifier_from_pretrained,
            "load_for_eval": _load_for_eval, "load_tokenizer_for": _load_tokenizer_for, "AdaPonderLM": _lm_eval_model}
 
 
@@ -98,6 +111,8 @@ def test_cached_hub_revision_and_local_folder_load_the_same_weights(ckpt):
     assert torch.equal(model.state_dict()["gpt_neox.embed_in.weight"], by_folder["gpt_neox.embed_in.weight"])
     classifier = _classifier_from_backbone(CACHED, "step5")
     assert torch.equal(classifier.core.gpt_neox.embed_in.weight, by_folder["gpt_neox.embed_in.weight"])
+    loaded = _lm_from_pretrained(CACHED, "step5").state_dict()  # transformers' own loader, from the cache
+    assert all(torch.equal(loaded[k], by_folder[k]) for k in by_folder)
 
 
 def test_revision_with_a_local_folder_is_refused(ckpt):

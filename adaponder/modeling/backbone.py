@@ -51,6 +51,15 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
     _keys_to_ignore_on_load_unexpected = [r"attention.bias", r"attention.masked_bias"]
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' loader (a folder, or a hub id at ``revision``). Offline, a hub id missing from the cache is
+        first reported as ``init.backbone`` reports it, one error naming the id and revision, instead of
+        transformers' connection error that names neither; a caller's own ``cache_dir`` is left to transformers."""
+        if kwargs.get("cache_dir") is None:
+            _require_cached_offline(pretrained_model_name_or_path, kwargs.get("revision"))
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         cfg = self.config
@@ -189,6 +198,19 @@ def _checkpoint_source(source, revision):
             raise ValueError(f"{source}: a revision ({revision}) needs adaponder installed") from None
         return source
     return checkpoint_source(source, revision)
+
+
+def _require_cached_offline(name, revision) -> None:
+    """:func:`adaponder.hub.resolve_pretrained`'s error for a hub id missing from the cache while offline; nothing
+    otherwise. The import is in a ``try`` for the reason :func:`_checkpoint_source` gives."""
+    import os
+
+    try:
+        from adaponder.hub import is_hub_id, offline, resolve_pretrained
+    except ImportError:
+        return
+    if isinstance(name, (str, os.PathLike)) and is_hub_id(name) and offline():
+        resolve_pretrained(name, revision)
 
 
 __all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PythiaBackbone", "from_backbone", "init_pythia_",
