@@ -18,6 +18,6 @@ echo "== setup: installing $TORCH_SPEC into $VENV (a minute or two on a first ru
 "$PIP" install -q "$TORCH_SPEC"
 # Pin whichever torch is now installed, so the rest resolves against it.
 "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-constraint.txt"
-echo "== setup: installing adaponder (editable) with transformers, DeepSpeed, lm-eval, datasets and the test tools (a minute or two on a first run)"
+echo "== setup: installing adaponder (editable) with transformers, DeepSpeed, lm-eval and the test tools (a minute or two)"
 "$PIP" install -q -c "$VENV/torch-constraint.txt" -e ".[dev]"
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

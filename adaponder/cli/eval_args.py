@@ -93,4 +93,5 @@ def check_window_args(args: argparse.Namespace, context: int, note: str | None =
         raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
 
 
-__all__ = ["add_checkpoint_args", "add_data_args", "add_recurrence_args", "checkpoint_folder", "check_window_args", "documents_from_args"]
+__all__ = ["add_checkpoint_args", "add_data_args", "add_recurrence_args", "checkpoint_folder", "check_window_args",
+           "documents_from_args"]
