@@ -121,9 +121,15 @@ def one_line(message: str) -> str:
     return out
 
 
-def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint") -> Path:
+def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint", revision: str | None = None) -> Path:
     """``path`` as a Path if it is a Hugging Face checkpoint folder (holds ``config.json``), else
-    :class:`UsageError` naming it — rather than transformers' hub error for a name that is not a repo id."""
+    :class:`UsageError` naming it — rather than transformers' hub error for a name that is not a repo id. A hub id
+    (``org/name``, at ``revision``) is resolved to its local snapshot folder as ``init.backbone`` is
+    (:func:`adaponder.hub.resolve_pretrained`; its :class:`~adaponder.hub.HubError` names the id)."""
+    from adaponder.hub import is_hub_id, resolve_pretrained
+
+    if revision or is_hub_id(path):
+        return resolve_pretrained(path, revision)
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{label} {path}: no such folder (expected a checkpoint folder with config.json)")

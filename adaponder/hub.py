@@ -79,4 +79,13 @@ def resolve_pretrained(name_or_path: str | os.PathLike[str], revision: str | Non
     return path
 
 
-__all__ = ["HubError", "resolve_pretrained", "is_hub_id", "offline", "MODEL_FILES"]
+def checkpoint_source(name_or_path: str | os.PathLike[str], revision: str | None = None) -> str | os.PathLike[str]:
+    """What a model loader reads: a hub id (+ ``revision``) resolved to its local snapshot folder through
+    :func:`resolve_pretrained` (so every loader reports an uncached id offline the same way); any other path is
+    returned unchanged for the loader's own folder checks. A ``revision`` with a local path is a :class:`HubError`."""
+    if is_hub_id(name_or_path) or revision:
+        return resolve_pretrained(name_or_path, revision)
+    return name_or_path
+
+
+__all__ = ["HubError", "resolve_pretrained", "checkpoint_source", "is_hub_id", "offline", "MODEL_FILES"]

@@ -15,8 +15,8 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=
 export TOKENIZERS_PARALLELISM=false DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 
 if [ ! -f data/bundled/meta.json ]; then
-  echo "== preparing the bundled corpus into data/bundled"
-  "$PY" -m adaponder.cli.prepare --bundled -o data/bundled -j 2 --no-progress
+  echo "== preparing the bundled corpus (5 Project Gutenberg books) into data/bundled with the Pythia tokenizer"
+  "$PY" -m adaponder.cli.prepare --bundled -o data/bundled -j 2
 fi
 
 train() {  # $1 = output folder, then extra arguments

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import checkpoint_parser, documents_from_args
+from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
 from adaponder.evaluation import dial
 from adaponder.evaluation.dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
 
@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="write perplexity vs FLOPs here (PNG)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, args.passes, None, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = _Codec(tok)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
+from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
 from adaponder.evaluation import difficulty
 from adaponder.evaluation.difficulty import evaluate_difficulty, format_tables
 
@@ -24,13 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="adaponder-difficulty", description=description(difficulty.__doc__, __doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="an exported model folder (hf/ of a run)")
+    add_checkpoint_args(p, "an exported model folder (hf/ of a run)")
     p.add_argument("--data", required=True, help="a labelled corpus folder (adaponder-reasoning-data)")
     p.add_argument("--split", default="val")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--halting-threshold", type=float, default=None, help="τ of A6 (default: the checkpoint's)")
     p.add_argument("--json", default=None, help="also write the result as JSON here")
     args = p.parse_args(argv)
+    args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, halting_threshold=args.halting_threshold)
     res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size)
     print(format_tables(res))

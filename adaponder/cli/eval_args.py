@@ -17,11 +17,26 @@ def checkpoint_parser(prog: str, description: str, recurrence: bool = True) -> a
     ``recurrence``) the recurrence settings; the caller adds its own options after these."""
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
+    add_checkpoint_args(p)
     add_data_args(p)
     if recurrence:
         add_recurrence_args(p)
     return p
+
+
+def add_checkpoint_args(p: argparse.ArgumentParser, what: str = "a saved AdaPonder checkpoint folder") -> None:
+    """The positional checkpoint and ``--revision``: a folder, or a hub id read as ``init.backbone`` reads it."""
+    p.add_argument("checkpoint", help=f"{what}, or a Hugging Face hub id (org/name; see --revision)")
+    p.add_argument("--revision", default=None,
+                   help="branch, tag or commit of a hub-id checkpoint (offline: read from the Hugging Face cache)")
+
+
+def checkpoint_folder(args: argparse.Namespace) -> str:
+    """``args.checkpoint`` as the folder to load: a hub id (+ ``--revision``) resolved to its cached snapshot
+    (:func:`adaponder.hub.checkpoint_source`; an uncached id offline is one error naming it), a path unchanged."""
+    from adaponder.hub import checkpoint_source
+
+    return str(checkpoint_source(args.checkpoint, args.revision))
 
 
 def add_recurrence_args(p: argparse.ArgumentParser) -> None:
@@ -78,4 +93,5 @@ def check_window_args(args: argparse.Namespace, context: int, note: str | None =
         raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
 
 
-__all__ = ["add_data_args", "add_recurrence_args", "check_window_args", "documents_from_args"]
+__all__ = ["add_checkpoint_args", "add_data_args", "add_recurrence_args", "checkpoint_folder", "check_window_args",
+           "documents_from_args"]

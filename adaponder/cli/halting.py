@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import checkpoint_parser, documents_from_args
+from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
 from adaponder.evaluation import halting
 from adaponder.evaluation.halting import nll_by_exit_pass
 from adaponder.evaluation.token_dump import write_token_dump
@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.exit_rule != "learned":
         p.error("the halting analysis describes the learned policy; use --exit-rule learned")
+    args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = _Codec(tok)

@@ -8,6 +8,7 @@ Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
 * after lm-eval's results table, the recurrence settings and the realised compute (mean exit pass, exit
   histogram, FLOPs per token and × one pass) are printed; they are also in the results JSON under
   ``config.adaponder``;
+* ``--help`` lists these arguments and defaults first, then lm-eval's options (:mod:`adaponder.cli.lm_eval_help`);
 * a checkpoint folder that does not exist is one ``error:`` line (exit code 2), as is any user error
   (:mod:`adaponder.cli.errors`; ``--debug`` shows the traceback).
 
@@ -93,12 +94,38 @@ def checkpoint_of(argv: Sequence[str]) -> str | None:
     return None if ckpt is None else str(ckpt)
 
 
+def revision_of(argv: Sequence[str]) -> str | None:
+    """``revision=`` in ``--model_args`` (``k=v,...`` form), the hub revision of a checkpoint given by id."""
+    model_args = _value(argv, "--model_args") or ""
+    if model_args.lstrip().startswith("{"):
+        try:
+            return json.loads(model_args).get("revision")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+    values = dict(kv.split("=", 1) for kv in model_args.split(",") if "=" in kv)
+    return values.get("revision")
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    """``-h``/``--help`` for a run (the default); ``ls``/``validate`` keep lm-eval's own help."""
+    return any(a in ("-h", "--help") for a in argv) and not (argv and argv[0] in ("ls", "validate"))
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_argv(sys.argv[1:] if argv is None else argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if _wants_help(raw):
+        from adaponder.cli.lm_eval_help import format_help
+
+        tasks = default_task_path()
+        print(format_help(None if tasks is None else str(tasks)))
+        return 0
+    args = build_argv(raw)
     if (ckpt := checkpoint_of(args)) is not None:
-        require_checkpoint(ckpt)  # a missing folder would end in transformers' "Repo id must be ..." error
+        # A missing folder would end in transformers' "Repo id must be ..." error; a hub id is resolved (or named
+        # in one error offline) as init.backbone is.
+        require_checkpoint(ckpt, revision=revision_of(args))
 
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging

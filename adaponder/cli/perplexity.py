@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_tokens is not None and args.max_tokens <= 0:
         args.max_tokens = None
     # Arguments and data that cannot work fail here, in one line, before the weights are loaded.
-    require_checkpoint(args.checkpoint)
+    args.checkpoint = str(require_checkpoint(args.checkpoint, revision=args.revision))
     for src in args.data:
         if not Path(src).exists():
             raise UsageError(f"--data {src}: no such file or folder")

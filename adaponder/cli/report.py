@@ -23,7 +23,7 @@ import torch
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import add_data_args
+from adaponder.cli.eval_args import add_checkpoint_args, add_data_args, checkpoint_folder
 from adaponder.evaluation import plots, report
 from adaponder.evaluation.dial import DEFAULT_TAUS, parse_taus, sweep_tau
 from adaponder.evaluation.halting import hardest_tokens, nll_by_exit_pass
@@ -39,7 +39,7 @@ from adaponder.evaluation.token_dump import write_token_dump
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="adaponder-report", description=description(report.__doc__, __doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a saved AdaPonder checkpoint folder (with its tokenizer)")
+    add_checkpoint_args(p, "a saved AdaPonder checkpoint folder (with its tokenizer)")
     p.add_argument("--out", required=True, help="output folder")
     add_data_args(p, required=False, default_data=f"${HELDOUT_ENV}, e.g. WikiText-2's wiki.test.tokens",
                   default_max_tokens=DEFAULT_MAX_TOKENS)
@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"${HELDOUT_ENV}")
     tasks, tm = _checked_tasks(args)
 
+    args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     settings = settings_of(model, args.checkpoint)
     print(settings.banner(), flush=True)

@@ -14,7 +14,8 @@ with this module imported first), or in Python::
 
 Model arguments (``--model_args k=v,...``):
 
-* ``checkpoint`` (or ``pretrained``): a saved AdaPonder checkpoint folder.
+* ``checkpoint`` (or ``pretrained``): a saved AdaPonder checkpoint folder, or a hub id ``org/name`` with
+  ``revision`` (branch, tag or commit) resolved through the Hugging Face cache as ``init.backbone`` is.
 * ``passes``: K to run (default: the checkpoint's; at most the trained K for gated models).
 * ``halting_threshold`` (alias ``tau``): τ of A6 (default: the checkpoint's).
 * ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (docs/method.md (a),
@@ -45,6 +46,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
+from adaponder.hub import checkpoint_source
 from adaponder.modeling.exits import exit_counts
 from adaponder.modeling.input_checks import context_tokens
 
@@ -77,6 +79,8 @@ class AdaPonderLM(HFLM):
         ckpt = checkpoint if checkpoint is not None else pretrained
         if ckpt is None:
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
+        if isinstance(ckpt, (str, os.PathLike)):  # a hub id (+ revision) is read from its cached snapshot folder
+            ckpt = checkpoint_source(ckpt, kwargs.pop("revision", None))
         if tau is not None and halting_threshold is not None and float(tau) != float(halting_threshold):
             raise ValueError("give either halting_threshold or tau, not both")
         check_exit_rule(exit_rule)

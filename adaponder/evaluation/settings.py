@@ -127,11 +127,14 @@ def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_
     )
 
 
-def load_tokenizer_for(checkpoint: str | os.PathLike):
-    """The checkpoint's own tokenizer if it has one, else the bundled Pythia (GPT-NeoX-20B) tokenizer."""
+def load_tokenizer_for(checkpoint: str | os.PathLike, revision: str | None = None):
+    """The checkpoint's own tokenizer if it has one, else the bundled Pythia (GPT-NeoX-20B) tokenizer.
+    ``checkpoint`` is a folder or a hub id (at ``revision``; :func:`adaponder.hub.checkpoint_source`)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = os.fspath(checkpoint)
+    from adaponder.hub import checkpoint_source
+
+    path = os.fspath(checkpoint_source(checkpoint, revision))
     if any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(path)
     from adaponder.data import load_tokenizer
@@ -142,11 +145,14 @@ def load_tokenizer_for(checkpoint: str | os.PathLike):
 
 
 def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halting_threshold: float | None = None,
-                  dtype: str | torch.dtype | None = "float32", device: str = "cpu"):
-    """``(model, tokenizer)`` in eval mode on ``device`` with K and τ applied (see :func:`apply_recurrence`)."""
+                  dtype: str | torch.dtype | None = "float32", device: str = "cpu", revision: str | None = None):
+    """``(model, tokenizer)`` in eval mode on ``device`` with K and τ applied (see :func:`apply_recurrence`).
+    ``checkpoint`` is a folder or a hub id (at ``revision``), resolved as ``init.backbone`` is
+    (:func:`adaponder.hub.checkpoint_source`)."""
+    from adaponder.hub import checkpoint_source
     from adaponder.modeling import AdaPonderForCausalLM
 
-    path = os.fspath(checkpoint)
+    path = os.fspath(checkpoint_source(checkpoint, revision))
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
     torch_dtype = parse_dtype(dtype)

@@ -51,6 +51,15 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = False
     _keys_to_ignore_on_load_unexpected = [r"attention.bias", r"attention.masked_bias"]
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' loader (a folder, or a hub id at ``revision``). Offline, a hub id missing from the cache is
+        first reported as ``init.backbone`` reports it, one error naming the id and revision, instead of
+        transformers' connection error that names neither; a caller's own ``cache_dir`` is left to transformers."""
+        if kwargs.get("cache_dir") is None:
+            _require_cached_offline(pretrained_model_name_or_path, kwargs.get("revision"))
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         cfg = self.config
@@ -124,9 +133,11 @@ def init_std(cfg: AdaPonderConfig, role: str) -> tuple[float, bool]:
     return (2.0 / (L * math.sqrt(d)) if role == "output" else small), False
 
 
-def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
-    """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
-    any mode, for continued pretraining (A14); ``cls`` is the model class to build.
+def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, *,
+                  revision: str | None = None, **overrides):
+    """Load a GPT-NeoX/Pythia (or AdaPonder) checkpoint — a local directory, a Hugging Face hub id
+    (``org/name`` at ``revision``, as ``init.backbone`` takes it) or a model object — into any mode, for
+    continued pretraining (A14); ``cls`` is the model class to build.
 
     The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
     source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
@@ -137,7 +148,7 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
     from transformers import GPTNeoXForCausalLM
 
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
+        path = os.fspath(_checkpoint_source(source, revision))
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(
                 f"{path}: not a Hugging Face checkpoint directory (expected {path}/config.json)"
@@ -174,6 +185,32 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
         raise ValueError(f"backbone weights missing from the source checkpoint: {missing[:5]}")
     model.load_state_dict(kept, strict=False)
     return model.to(dtype) if dtype is not None else model
+
+
+def _checkpoint_source(source, revision):
+    """``adaponder.hub.checkpoint_source``. The import sits in a ``try`` because this file is also saved into
+    checkpoints as remote code, loadable without adaponder, and transformers skips imports inside ``try`` when it
+    lists a remote module's required packages; there only local folders are read."""
+    try:
+        from adaponder.hub import checkpoint_source
+    except ImportError:
+        if revision:
+            raise ValueError(f"{source}: a revision ({revision}) needs adaponder installed") from None
+        return source
+    return checkpoint_source(source, revision)
+
+
+def _require_cached_offline(name, revision) -> None:
+    """:func:`adaponder.hub.resolve_pretrained`'s error for a hub id missing from the cache while offline; nothing
+    otherwise. The import is in a ``try`` for the reason :func:`_checkpoint_source` gives."""
+    import os
+
+    try:
+        from adaponder.hub import is_hub_id, offline, resolve_pretrained
+    except ImportError:
+        return
+    if isinstance(name, (str, os.PathLike)) and is_hub_id(name) and offline():
+        resolve_pretrained(name, revision)
 
 
 __all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PythiaBackbone", "from_backbone", "init_pythia_",

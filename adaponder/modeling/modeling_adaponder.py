@@ -74,10 +74,12 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
 
     # -- building from a backbone -------------------------------------------------------------------
     @classmethod
-    def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, **overrides):
-        """Load a local GPT-NeoX/Pythia (or AdaPonder) checkpoint — a directory or a model object — into
-        any mode, for continued pretraining (A14); see :func:`.backbone.from_backbone`."""
-        return from_backbone(cls, source, mode, dtype, **overrides)
+    def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | None = None, *,
+                      revision: str | None = None, **overrides):
+        """Load a GPT-NeoX/Pythia (or AdaPonder) checkpoint — a local directory, a hub id ``org/name`` at
+        ``revision`` or a model object — into any mode, for continued pretraining (A14); see
+        :func:`.backbone.from_backbone`."""
+        return from_backbone(cls, source, mode, dtype, revision=revision, **overrides)
 
     # -- HF plumbing ------------------------------------------------------------------------------
     def get_input_embeddings(self):

@@ -32,6 +32,7 @@ from transformers import initialization as hf_init
 from transformers.utils import ModelOutput
 
 from adaponder.core_modes import CLASSIFIER_CORE_MODES, classifier_core_mode
+from adaponder.hub import checkpoint_source
 from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
 from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
 from adaponder.palbert.pondernet import (
@@ -232,16 +233,19 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
     @classmethod
     def from_backbone(cls, source, *, num_labels: int = 2, palbert_method: str = "palbert",
                       palbert_passes: int = 4, mode: str | None = None, dtype: torch.dtype | None = None,
-                      attn_implementation: str | None = None, **overrides) -> "AdaPonderForSequenceClassification":
-        """A fresh classifier on the backbone of a local GPT-NeoX/Pythia or AdaPonder checkpoint (a directory
-        or a model object). The core's weights are copied; heads and the Lambda layer are new.
+                      attn_implementation: str | None = None, revision: str | None = None,
+                      **overrides) -> "AdaPonderForSequenceClassification":
+        """A fresh classifier on the backbone of a GPT-NeoX/Pythia or AdaPonder checkpoint (a local directory, a
+        hub id ``org/name`` at ``revision`` resolved as ``--init`` is, or a model object). The core's weights are
+        copied; heads and the Lambda layer are new.
 
         ``mode`` (default: the checkpoint's; ``vanilla`` for GPT-NeoX; ``adaponder`` → ``ponderlm``) picks
         the feedback between passes. ``attn_implementation`` (default: the backbone's) is fixed at construction.
         ``overrides`` set :class:`PalbertConfig` fields.
         """
         if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
+            path = os.fspath(checkpoint_source(source, revision))
+            source = path
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise FileNotFoundError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
             import json

@@ -197,11 +197,13 @@ class Trainer:
                     from adaponder.data.prepare import prepare
 
                     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
+                    # Tokenizing takes minutes before the first step: say what and where, then show the bar.
+                    M.write_console(f"preparing data.prepare {cfg.data.prepare} into {path} (tokenizing; done once, "
+                                    "reused by later runs)")
                     tokenizer = None if cfg.data.train_tokenizer else run_tokenizer(cfg.data, cfg.init.backbone)
-                    prepare(inputs, path, tokenizer=tokenizer,
-                            text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction,
-                            num_workers=cfg.data.prepare_workers, progress=False,
-                            train_tokenizer=cfg.data.train_tokenizer)
+                    prepare(inputs, path, tokenizer=tokenizer, text_field=cfg.data.text_field,
+                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers,
+                            progress=cfg.logging.progress_bar, train_tokenizer=cfg.data.train_tokenizer)
                 except (DataError, ValueError) as e:
                     err = f"preparing data.prepare into {path}: {e}"
             err = broadcast_error(err)
@@ -514,10 +516,13 @@ class Trainer:
 
     # ---- validation -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, max_batches: int | None) -> dict[str, Any]:
+    def evaluate(self, max_batches: int | None, progress: bool = False) -> dict[str, Any]:
         """Validation over the first ``max_batches`` micro-batches of the validation data (all of it with None),
         the same tokens whatever the number of ranks: the micro-batches are dealt out to the ranks in turn
-        (:func:`deal`) and the token-weighted sums all-reduced."""
+        (:func:`deal`) and the token-weighted sums all-reduced. ``progress``: a bar on rank 0 (only where no
+        training bar is open)."""
+        from tqdm.auto import tqdm
+
         from adaponder.data.training_source import validation_batches
 
         cfg, engine = self.cfg, self.engine
@@ -532,7 +537,9 @@ class Trainer:
                                      tokenizer=self.tokenizer, vocab_size=model.config.vocab_size,
                                      max_batches=max_batches)
         try:
-            for x, counted in deal(batches, self.rank, self.world_size):
+            shown = progress and self.rank == 0 and cfg.logging.progress_bar
+            for x, counted in tqdm(deal(batches, self.rank, self.world_size), desc="validation", unit="batch",
+                                   total=max_batches, disable=not shown, leave=False):
                 if counted:
                     eval_batch(engine, x.to(self.device), vec, self.k_passes, compact)
                 elif zero3:  # the same number of forward calls on every rank (each gathers parameters); discarded
@@ -669,7 +676,11 @@ class Trainer:
         """After the last step: the final validation, a checkpoint of the last step, the Hugging Face export, the
         report and ``summary.json``. A non-finite final validation loss fails the run (no export, no report)."""
         cfg = self.cfg
-        final_eval = self.evaluate(cfg.eval.max_batches) if cfg.eval.at_end else None
+        steps = [what for what, due in (("final validation", cfg.eval.at_end), ("checkpoint",
+                 self._last_saved != self.step), ("Hugging Face export", cfg.checkpoint.export_hf)) if due]
+        if self.rank == 0 and steps:  # the training bar is gone; say what the remaining time is spent on
+            M.write_console(f"training done; now: {', '.join(steps)} (into {cfg.out_dir})")
+        final_eval = self.evaluate(cfg.eval.max_batches, progress=True) if cfg.eval.at_end else None
         if final_eval is not None:
             self._log_eval(final_eval, final=True)
         if self._last_saved != self.step:
