@@ -17,9 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "adaponder"
 
 # Where a model config is still assigned to after construction, and why that place is allowed to:
 ALLOWED = {
-    # K and τ chosen when a checkpoint is loaded for evaluation, before its first call (a gated checkpoint must be
-    # built with all its gates, so K cannot be a constructor argument there).
-    ("evaluation/settings.py", "apply_recurrence"),
     # transformers' layers read the attention function from their config: the packed and per-row attention of
     # compacted passes are selected for one pass inside the model, and restored after it.
     ("modeling/attention.py", "routed_attention"),
@@ -60,7 +57,7 @@ def test_nothing_writes_model_config_after_construction_outside_the_allowed_plac
     stray = [f for f in found if (f[0], f[1]) not in ALLOWED]
     assert not stray, f"assignments to a model config at run time: {stray}"
     assert {(f[0], f[1]) for f in found} <= ALLOWED
-    assert ("evaluation/settings.py", "apply_recurrence") in {(f[0], f[1]) for f in found}  # the scan sees them
+    assert ("modeling/attention.py", "routed_attention") in {(f[0], f[1]) for f in found}  # the scan sees them
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +117,23 @@ def test_generate_and_the_depth_batched_decoder_take_tau_per_call(gated):
 def test_a_bad_tau_per_call_names_it(gated, bad):
     with pytest.raises(ValueError, match=r"halting_threshold.*\(0, 1\)"):
         gated(input_ids=torch.zeros(1, 3, dtype=torch.long), halting_threshold=bad)
+
+
+def test_evaluation_builds_k_and_tau_in_and_runs_as_the_full_model_at_that_k(gated, tmp_path):
+    """``load_for_eval(path, passes=2, halting_threshold=τ)`` builds the model with K = 2 (the third pass's gate is
+    left unused, silently) and scores exactly as the trained model run for 2 passes at τ."""
+    from adaponder.evaluation.settings import load_for_eval, settings_of
+
+    gated.save_pretrained(tmp_path / "ckpt")
+    model, _ = load_for_eval(tmp_path / "ckpt", passes=2, halting_threshold=0.5)
+    assert model.config.passes == 2 and model.config.halting_threshold == 0.5 and len(model.gates) == 1
+    _, info = AdaPonderForCausalLM.from_pretrained(tmp_path / "ckpt", passes=2, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]  # no load report about the unused gate
+    assert settings_of(model, str(tmp_path / "ckpt")).trained_passes == 3
+    reference = AdaPonderForCausalLM(gated.config.__class__(**{**gated.config.to_dict(), "passes": 2})).eval()
+    reference.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("gates.1.")})
+    ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids, halting_threshold=0.5).logits)
+    with pytest.raises(ValueError, match="has gates for 3 passes; passes=4 exceeds it"):
+        load_for_eval(tmp_path / "ckpt", passes=4)

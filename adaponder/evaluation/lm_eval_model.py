@@ -52,7 +52,7 @@ from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
 from .pruning import make_policy
-from .settings import apply_recurrence, check_exit_rule, require_finite_weights, settings_of
+from .settings import check_exit_rule, recurrence_overrides, require_finite_weights, settings_of
 
 log = logging.getLogger("adaponder.evaluation")
 
@@ -87,13 +87,18 @@ class AdaPonderLM(HFLM):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
+        if isinstance(ckpt, (str, os.PathLike)):  # K and τ are built in (HFLM hands these on to from_pretrained)
+            kwargs.update(recurrence_overrides(ckpt, _as_int(passes), _as_float(halting_threshold if tau is None
+                                                                                 else tau)))
+        elif passes is not None or halting_threshold is not None or tau is not None:
+            raise ValueError("passes and halting_threshold apply to a checkpoint path; build a model instance "
+                             "with them instead (AdaPonderForCausalLM.from_pretrained(path, passes=…))")
         super().__init__(pretrained=ckpt, batch_size=batch_size, dtype=dtype, device=device, **kwargs)
         self.checkpoint = str(ckpt) if isinstance(ckpt, (str, os.PathLike)) else type(ckpt).__name__
         model = self._model
         if isinstance(ckpt, (str, os.PathLike)):
             require_finite_weights(model, ckpt)
         self.nonfinite_scores = 0  # rows whose scored logits held NaN/inf (adaponder-eval then fails)
-        apply_recurrence(model, _as_int(passes), _as_float(halting_threshold if tau is None else tau))
         self.exit_rule = exit_rule
         self.pruning_seed = int(pruning_seed)
         target = _as_float(target_mean_exit)

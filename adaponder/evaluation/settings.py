@@ -1,8 +1,9 @@
 """Load a checkpoint for evaluation with its recurrence settings pinned, checked and printable.
 
 Every evaluation entry point (perplexity, dial, report, the ``adaponder`` lm-eval model) goes through
-:func:`load_for_eval` / :func:`apply_recurrence`, so K (passes), τ (halting threshold) and the exit rule
-are set in one place and printed the same way.
+:func:`load_for_eval` / :func:`recurrence_overrides`, so K (passes), τ (halting threshold) and the exit rule
+are set in one place and printed the same way. K and τ are configuration values the model is *built* with
+(``from_pretrained(path, passes=K, halting_threshold=τ)``): nothing is written into a model's config afterwards.
 """
 
 from __future__ import annotations
@@ -78,35 +79,43 @@ class RecurrenceSettings:
 
 
 def trained_passes(model) -> int:
-    """K the checkpoint was built with: gates + 1 for gated models, else ``config.passes``."""
+    """K the checkpoint was trained with: the ``passes`` of the ``config.json`` it was loaded from (a model built
+    to run fewer passes leaves the later gates unused), else gates + 1 for gated models, else ``config.passes``."""
+    from adaponder.modeling import AdaPonderConfig
+
+    source = str(getattr(model.config, "_name_or_path", "") or "")
+    if source and os.path.isfile(os.path.join(source, "config.json")):
+        return AdaPonderConfig.from_pretrained(source).num_passes
     cfg = model.config
     if cfg.mode == "adaponder" and len(model.gates) > 0:
         return len(model.gates) + 1
     return int(cfg.passes)
 
 
-def apply_recurrence(model, passes: int | None = None, halting_threshold: float | None = None) -> None:
-    """Set K and τ on a loaded model, refusing values the checkpoint cannot run.
-
-    A gated model runs at most the K it was trained with (one gate per pondering step); ``vanilla`` runs
-    exactly one pass. τ must lie in (0, 1).
-    """
-    cfg = model.config
+def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = None,
+                         halting_threshold: float | None = None) -> dict[str, Any]:
+    """The configuration values to build ``checkpoint``'s model with (``from_pretrained(path, **values)``),
+    refusing what the checkpoint cannot run: a gated model runs at most the K it was trained with (one gate per
+    pondering step); ``vanilla`` runs exactly one pass; τ must lie in (0, 1)."""
+    values: dict[str, Any] = {}
     if passes is not None:
+        from adaponder.modeling import AdaPonderConfig
+
+        cfg = AdaPonderConfig.from_pretrained(os.fspath(checkpoint))
         passes = int(passes)
-        limit = trained_passes(model)
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
         if cfg.mode == "vanilla" and passes != 1:
             raise ValueError("a vanilla (one-pass) checkpoint runs exactly one pass")
-        if cfg.mode == "adaponder" and passes > limit:
-            raise ValueError(f"this checkpoint has gates for {limit} passes; passes={passes} exceeds it")
-        cfg.passes = passes
+        if cfg.mode == "adaponder" and passes > cfg.num_passes:
+            raise ValueError(f"this checkpoint has gates for {cfg.num_passes} passes; passes={passes} exceeds it")
+        values["passes"] = passes
     if halting_threshold is not None:
         tau = float(halting_threshold)
         if not 0.0 < tau < 1.0:
             raise ValueError(f"halting_threshold (τ) must lie in (0, 1), got {tau}")
-        cfg.halting_threshold = tau
+        values["halting_threshold"] = tau
+    return values
 
 
 def check_exit_rule(exit_rule: str) -> None:
@@ -146,7 +155,7 @@ def load_tokenizer_for(checkpoint: str | os.PathLike, revision: str | None = Non
 
 def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halting_threshold: float | None = None,
                   dtype: str | torch.dtype | None = "float32", device: str = "cpu", revision: str | None = None):
-    """``(model, tokenizer)`` in eval mode on ``device`` with K and τ applied (see :func:`apply_recurrence`).
+    """``(model, tokenizer)`` in eval mode on ``device``, built with K and τ (see :func:`recurrence_overrides`).
     ``checkpoint`` is a folder or a hub id (at ``revision``), resolved as ``init.backbone`` is
     (:func:`adaponder.hub.checkpoint_source`)."""
     from adaponder.hub import checkpoint_source
@@ -156,10 +165,10 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halt
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
     torch_dtype = parse_dtype(dtype)
-    model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype)
+    model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype,
+                                                 **recurrence_overrides(path, passes, halting_threshold))
     require_finite_weights(model, path)
     model.to(device).eval()
-    apply_recurrence(model, passes, halting_threshold)
     return model, load_tokenizer_for(path)
 
 
@@ -177,5 +186,5 @@ def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
                                     "with them (export an earlier training checkpoint)")
 
 
-__all__ = ["EXIT_RULES", "RecurrenceSettings", "apply_recurrence", "check_exit_rule", "load_for_eval",
-           "load_tokenizer_for", "parse_dtype", "require_finite_weights", "settings_of", "trained_passes"]
+__all__ = ["EXIT_RULES", "RecurrenceSettings", "check_exit_rule", "load_for_eval",
+           "load_tokenizer_for", "parse_dtype", "recurrence_overrides", "require_finite_weights", "settings_of", "trained_passes"]

@@ -61,6 +61,9 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
     """
 
     _tied_weights_keys = {"lm_head.weight": "gpt_neox.embed_in.weight"}
+    # A model built to run fewer passes than its checkpoint was trained with
+    # (``from_pretrained(path, passes=K)``) has no use for the later gates.
+    _keys_to_ignore_on_load_unexpected = [r"^gates\.\d+\."]
 
     def __init__(self, config: AdaPonderConfig):
         super().__init__(config)
