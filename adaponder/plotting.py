@@ -53,16 +53,16 @@ def figure(width: float, height: float, **kw):
 
 def readable_log_ticks(ax, axis: str = "y") -> None:
     """Plain-number ticks on a log axis: evenly spaced round numbers within a decade or so, 1-2-5 steps over
-    several decades, and never the lone ``10^x`` label a short log range gets by default. Call after the data
-    (or the limits) are set."""
+    two decades, powers of ten (thinned) beyond, and never the lone ``10^x`` label a short log range gets by
+    default. Call after the data (or the limits) are set."""
     ax_ = ax.yaxis if axis == "y" else ax.xaxis
     lo, hi = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
     if lo > 0 and hi / lo < 30:
         ax_.set_major_locator(ticker.MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
     else:
-        per_decade = max(1, int(math.ceil(math.log10(hi / lo) / 8))) if lo > 0 else 1
-        ax_.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0) if per_decade == 1 else (1.0,),
-                                                numticks=10))
+        decades = math.log10(hi / lo) if lo > 0 else math.inf
+        ax_.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,),
+                                                numticks=8))
     ax_.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax_.set_minor_formatter(ticker.NullFormatter())
 

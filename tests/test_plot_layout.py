@@ -126,4 +126,7 @@ def test_png_writers_save_the_drawn_figure(tmp_path: Path):
     rows, points = _dial()
     assert eval_plots.ppl_vs_flops_png(rows, tmp_path / "p.png", points=points).stat().st_size > 10_000
     assert study_plots.pareto_png(TEXT, tmp_path / "s.png", _note).stat().st_size > 10_000
+    assert gate_watch.gate_curves_png(_gate_records(), tmp_path / "g.png", "gates").stat().st_size > 10_000
+    assert gate_watch.gate_curves_png([{"kind": "train", "step": 1}], tmp_path / "none.png", "gates") is None
+    assert train_report.save_histogram_png([1, 2, 3, 4], tmp_path / "h.png", "t").stat().st_size > 5_000
     assert plt.get_fignums() == []  # every writer closes its figure

@@ -168,13 +168,14 @@ def draw_nll_by_exit(results: Sequence[Mapping], note: str):
                 ax.annotate(f"{row['fraction']:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()), xytext=(0, 2),
                             textcoords="offset points", ha="center", va="bottom", fontsize=7)
         ax.set_xticks([row["exit_pass"] for row in rows])
+        ax.set_xlabel("exit pass D", fontsize=8)
         ax.set_ylim(0, top * 1.2)
         ax.set_title(arm_id(r["arm"], r["seed"]), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(labelsize=8)
     fig.supylabel("mean held-out NLL (nats)", fontsize=9)
-    fig.suptitle("Mean NLL of tokens by exit pass (learned gates, τ as trained; labels: share of tokens)\n"
-                 "x: exit pass D", fontsize=10)
+    fig.suptitle("Mean NLL of tokens by exit pass (learned gates, τ as trained; labels: share of tokens)",
+                 fontsize=10)
     footer(fig, note)
     return fig
 
@@ -217,6 +218,7 @@ def draw_exit_histograms(results: Sequence[Mapping], note: str):
                    edgecolor="black", linewidth=0.4)
             drawn += [policy] if policy not in drawn else []
         ax.set_xticks(range(1, max(len(c) for _, c in series) + 1))
+        ax.set_xlabel("exit pass D", fontsize=8)
         ax.set_ylim(0, 1.05)
         ax.set_title(arm_id(r["arm"], r["seed"]), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
@@ -224,7 +226,7 @@ def draw_exit_histograms(results: Sequence[Mapping], note: str):
     fig.supylabel("share of held-out tokens", fontsize=9)
     pruning = [p for p in drawn if p != "learned"]
     fig.suptitle("Exit-pass histograms: learned gates" + (" and the fixed-pruning controls at the same mean exit pass"
-                                                          if pruning else "") + "\nx: exit pass D", fontsize=10)
+                                                          if pruning else ""), fontsize=10)
     handles = [Patch(facecolor="0.5" if p == "learned" else "0.85", hatch=POLICY_HATCH.get(p, "..."),
                      edgecolor="black", linewidth=0.4) for p in drawn]
     legend_outside(axes[ncols - 1], handles,
@@ -255,8 +257,10 @@ def _closest_runs(results: Sequence[Mapping], start: float) -> tuple[list[Mappin
             means[id(r)] = sum(tail) / len(tail)
     if not means:
         return [], 0.0
-    best, worst = min(means.values()), max(means.values())
-    margin = max(0.05, 0.3 * (worst - best))
+    # Twice the best-to-median gap keeps the bulk of the runs and drops the outliers that stretch the axis.
+    ordered = sorted(means.values())
+    best, median = ordered[0], ordered[len(ordered) // 2]
+    margin = max(0.05, 2 * (median - best))
     return [r for r in results if id(r) in means and means[id(r)] <= best + margin], margin
 
 

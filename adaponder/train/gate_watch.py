@@ -79,14 +79,17 @@ def draw_gate_curves(records: Sequence[dict], title: str):
     rows = [r for r in records if r.get("kind") == "train" and r.get("gate_median")]
     if not rows:
         return None
-    from adaponder.plotting import figure, legend_outside, readable_log_ticks
+    from adaponder.plotting import LINE_MARKERS, figure, legend_outside, readable_log_ticks
 
     steps = [r["step"] for r in rows]
     fig = figure(8.4, 6.2)
     top, bottom = fig.subplots(2, 1, sharex=True)
     for i in range(len(rows[-1]["gate_median"])):
         vals = [r["gate_median"][i] if i < len(r["gate_median"]) else float("nan") for r in rows]
-        top.plot(steps, [max(v, 1e-40) if v is not None else float("nan") for v in vals], label=f"gate {i + 1}")
+        # Gates often share a value (all near 1, or all at the floor): staggered hollow markers keep each visible.
+        every = max(1, len(steps) // 6)
+        top.plot(steps, [max(v, 1e-40) if v is not None else float("nan") for v in vals], label=f"gate {i + 1}",
+                 marker=LINE_MARKERS[i % len(LINE_MARKERS)], ms=4, mfc="none", markevery=(i * every // 3 % every, every))
     top.set_yscale("log")
     tau = rows[-1].get("tau")
     if tau:
