@@ -51,6 +51,9 @@ class StudySection:
     results_dir: str = "docs/study"
     #: The Markdown report; its PNGs go to ``results_dir``.
     report: str = "docs/study.md"
+    #: A smoke run of the pipeline (the quick profiles): its report is titled as such and gives no verdicts,
+    #: since arms trained for a few steps say nothing about the claims.
+    pipeline_check: bool = False
 
 
 @dataclass

@@ -14,12 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import mean
 
-import matplotlib
+from adaponder.plotting import LINE_MARKERS, arm_color, figure, footer, legend_outside, save
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .arms import arm_id  # noqa: E402
+from .arms import arm_id
 
 LOOPED = ("ponderlm", "loop", "adaponder")
 SEPARATION = 0.20   # a looped arm must beat vanilla by this much at some level
@@ -155,70 +152,73 @@ def _acc_cells(levels: Sequence[Mapping]) -> str:
 
 
 # -- plots -------------------------------------------------------------------------------------------------
-def _color(i: int) -> str:
-    return plt.get_cmap("tab10")(i % 10)
-
-
 def _seeds_label(arm: str, runs: Sequence) -> str:
     return f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
 
 
-def _seed_errorbar(ax, xs: Sequence[int], per_x: Sequence[Sequence[float]], **kw) -> None:
+def _dodge(i: int, n: int, width: float = 0.3) -> float:
+    """A small x offset per arm: arms with equal values at a level sit side by side, none under another."""
+    return 0.0 if n < 2 else (i / (n - 1) - 0.5) * width
+
+
+def _seed_errorbar(ax, xs: Sequence[float], per_x: Sequence[Sequence[float]], **kw) -> None:
     """The mean over seeds at each x, with the seed range as the error bar."""
     mid = [mean(v) for v in per_x]
     ax.errorbar(xs, mid, yerr=[[m - min(v) for m, v in zip(mid, per_x)], [max(v) - m for m, v in zip(mid, per_x)]],
-                marker="o", capsize=3, **kw)
+                capsize=3, ms=5, mfc="none", **kw)
 
 
-def _finish(fig, ax, path: Path, note: str) -> Path:
-    """Grid, the legend outside the axes, the data note, and the PNG."""
+def _finish(fig, ax, note: str):
+    """Grid, the legend outside the axes, the data note."""
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path)
+    legend_outside(ax, *ax.get_legend_handles_labels())
+    footer(fig, note)
+    return fig
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def accuracy_png(results: Sequence[Mapping], path: Path, note: str) -> Path:
+def draw_accuracy(results: Sequence[Mapping], note: str):
     """Held-out answer accuracy vs difficulty, one line per arm (mean over seeds, bars: seed range)."""
-    fig, ax = plt.subplots(figsize=(7.6, 4.8))
-    for i, (arm, runs) in enumerate(_by_arm(results).items()):
+    fig = figure(10.0, 5.0)
+    ax = fig.add_subplot()
+    arms = _by_arm(results)
+    for i, (arm, runs) in enumerate(arms.items()):
         hs = sorted(_levels(runs[0]))
-        _seed_errorbar(ax, hs, [[_levels(r)[h] for r in runs] for h in hs], color=_color(i),
+        _seed_errorbar(ax, [h + _dodge(i, len(arms)) for h in hs], [[_levels(r)[h] for r in runs] for h in hs],
+                       color=arm_color(arm), marker=LINE_MARKERS[i % len(LINE_MARKERS)],
                        ls="--" if arm.startswith("vanilla") else "-", label=_seeds_label(arm, runs))
     ax.set_xticks(sorted({h for r in results for h in _levels(r)}))
-    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("difficulty H (hops of f composed)")
     ax.set_ylabel("held-out answer accuracy (greedy)")
     ax.set_title("Where the passes pay: accuracy on held-out compositions", fontsize=11)
-    return _finish(fig, ax, path, note)
+    return _finish(fig, ax, note)
 
 
-def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
+def accuracy_png(results: Sequence[Mapping], path: Path, note: str) -> Path:
+    return save(draw_accuracy(results, note), path)
+
+
+def draw_exit(results: Sequence[Mapping], note: str):
     """Mean exit pass of answer tokens vs difficulty for each gated arm (mean over seeds; bars: seed range), and
     the mean exit pass of prompt and filler tokens apart on the right."""
     gated = _by_arm([r for r in results if r.get("mode") == "adaponder"])
     if not gated:
         return None
-    fig, ax = plt.subplots(figsize=(9.4, 4.8))
+    fig = figure(11.0, 5.0)
+    ax = fig.add_subplot()
     first = next(iter(gated.values()))[0]
     hs = sorted(_levels(first))
     apart = {"prompt": max(hs) + 1.2, "filler": max(hs) + 2.0}
     for i, (arm, runs) in enumerate(gated.items()):
-        _seed_errorbar(ax, hs, [[run["difficulty"]["levels"][j]["mean_exit"] for run in runs] for j in range(len(hs))],
-                       color=_color(i), label=_seeds_label(arm, runs))
-        for k, (name, x) in enumerate(apart.items()):
-            vals = [run["difficulty"]["classes"][name]["mean_exit"] for run in runs]
-            vals = [v for v in vals if v is not None]
+        dx = _dodge(i, len(gated))
+        _seed_errorbar(ax, [h + dx for h in hs],
+                       [[run["difficulty"]["levels"][j]["mean_exit"] for run in runs] for j in range(len(hs))],
+                       color=arm_color(arm), marker=LINE_MARKERS[i % len(LINE_MARKERS)], label=_seeds_label(arm, runs))
+        for name, x in apart.items():
+            vals = [v for v in (run["difficulty"]["classes"][name]["mean_exit"] for run in runs) if v is not None]
             if vals:
-                ax.scatter([x + (i - len(gated) / 2) * 0.06], [mean(vals)], marker="s", color=_color(i), zorder=3)
+                ax.scatter([x + dx], [mean(vals)], marker=LINE_MARKERS[i % len(LINE_MARKERS)], s=30,
+                           facecolors="none", edgecolors=arm_color(arm), zorder=3)
     ax.plot(hs, hs, ":", color="gray", label="ideal: exit at pass H")
     ax.axvline(max(hs) + 0.6, color="gray", lw=0.8)
     ax.set_xticks(hs + list(apart.values()))
@@ -227,16 +227,22 @@ def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
     ax.set_ylim(0.8, K + 0.2)
     ax.set_ylabel("mean exit pass (mean over seeds)")
     ax.set_title("Passes spent by difficulty (answers) and on unpredictable tokens (right)", fontsize=11)
-    return _finish(fig, ax, path, note)
+    return _finish(fig, ax, note)
+
+
+def exit_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
+    fig = draw_exit(results, note)
+    return save(fig, path) if fig is not None else None
 
 
 # -- Markdown ----------------------------------------------------------------------------------------------
-def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], note: str) -> list[str]:
-    """The report's lines for the labelled results (empty when none carries ``difficulty``)."""
+def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], note: str,
+            verdicts: bool = True) -> list[str]:
+    """The report's lines for the labelled results (empty when none carries ``difficulty``); without
+    ``verdicts`` (a pipeline check) the goals are not judged."""
     shown = [r for r in results if r.get("difficulty")]
     if not shown:
         return []
-    note = note.split(" Checkpoints:")[0] + " Checkpoints: <runs_dir>/<arm>-s<seed>/hf."
     hs = [lv["difficulty"] for lv in shown[0]["difficulty"]["levels"]]
     head = " | ".join(f"H={h}" for h in hs)
     L = ["## Accuracy by difficulty\n",
@@ -254,10 +260,11 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
     spread = accuracy_spread(shown)
     L.append(f"\nSeed spread of accuracy (largest over repeated arms and levels): {_fmt(spread)}.\n")
     L.append(f"![Accuracy by difficulty]({rel(accuracy_png(shown, figs / 'accuracy_by_difficulty.png', note))})\n")
-    L.append("### Goals\n")
-    L.append("| goal | numbers | verdict |\n|---|---|---|")
-    L += [f"| {g['goal']} | {g['numbers']} | **{g['verdict']}** |" for g in check_goals(shown)]
-    L.append("")
+    if verdicts:
+        L.append("### Goals\n")
+        L.append("| goal | numbers | verdict |\n|---|---|---|")
+        L += [f"| {g['goal']} | {g['numbers']} | **{g['verdict']}** |" for g in check_goals(shown)]
+        L.append("")
     gated = [r for r in shown if r.get("mode") == "adaponder"]
     if gated:
         L.append("### Where the gates spend passes\n")
@@ -292,4 +299,5 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
     return L
 
 
-__all__ = ["accuracy_spread", "check_goals", "mean_accuracy", "section"]
+__all__ = ["accuracy_png", "accuracy_spread", "check_goals", "draw_accuracy", "draw_exit", "exit_png", "mean_accuracy",
+           "section"]

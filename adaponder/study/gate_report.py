@@ -9,12 +9,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+from adaponder.plotting import LINE_MARKERS, figure, footer, legend_outside, plt, readable_log_ticks, save, unique_handles
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .arms import arm_id  # noqa: E402
+from .arms import arm_id
 
 #: Plotted floor for a median that underflowed to 0 (log axis).
 _FLOOR = 1e-40
@@ -39,14 +36,15 @@ def _shown(results: Sequence[Mapping]) -> list[Mapping]:
     return sorted((r for r in results if gate_rows(r)), key=lambda r: (order.index(r["arm"]), r["seed"]))
 
 
-def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
+def draw_gate_curves(results: Sequence[Mapping], note: str):
+    """One panel per gated run: each gate's median value over training (log scale), the warm-up shaded, τ."""
     shown = _shown(results)
     if not shown:
         return None
     ncols = min(4, len(shown))
     nrows = math.ceil(len(shown) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(max(3.3 * ncols, 8.0), 2.5 * nrows + 0.9), sharey=True,
-                             squeeze=False)
+    fig = figure(max(3.3 * ncols, 8.0), 2.5 * nrows + 1.6)
+    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False)
     for ax in axes.flat[len(shown):]:
         ax.set_visible(False)
     for ax, r in zip(axes.flat, shown):
@@ -57,8 +55,12 @@ def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path |
             ax.axvspan(span[0], span[1], color="0.9", lw=0, label="warm-up (gates not live)")
         for g in range(max(len(c["gate_median"]) for c in rows)):
             vals = [c["gate_median"][g] if g < len(c["gate_median"]) else float("nan") for c in rows]
+            # Gates often sit on the same value (all near 1 early, or all at the floor): a marker of their own,
+            # staggered, keeps each visible where the lines coincide.
+            every = max(1, len(steps) // 6)
             ax.plot(steps, [max(v, _FLOOR) for v in vals], lw=1.3, color=plt.get_cmap("tab10")(g),
-                    label=f"gate {g + 1} (after pass {g + 1})")
+                    marker=LINE_MARKERS[g % len(LINE_MARKERS)], ms=4, mfc="none",
+                    markevery=(g * every // 3 % every, every), label=f"gate {g + 1} (after pass {g + 1})")
         tau = rows[-1].get("tau")
         if tau:
             ax.axhline(tau, color="k", ls=":", lw=1, label=f"τ = {tau:g}")
@@ -67,27 +69,20 @@ def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path |
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
     for ax in axes[:, 0]:
+        readable_log_ticks(ax, "y")  # shared y: one locator serves every panel
         ax.set_ylabel("median gate value s", fontsize=8)
     for ax in axes[-1, :]:
         ax.set_xlabel("step", fontsize=8)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    for ax in axes.flat[1:len(shown)]:  # warm-up shading may appear on a later panel only
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    top = 1 - 0.62 / fig.get_figheight()  # room for the title and the legend row, in figure coordinates
-    fig.suptitle("Gates during training: median gate value per gate (log scale)", fontsize=10, y=0.995)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 3 if ncols < 3 else 5), fontsize=8,
-               frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.3 / fig.get_figheight()))
-    fig.text(0.01, 0.005, note, fontsize=6, ha="left", va="bottom", wrap=True)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, top))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    handles, labels = unique_handles(*axes.flat[:len(shown)])  # warm-up shading may appear on a later panel only
+    fig.suptitle("Gates during training: median gate value per gate (log scale)", fontsize=10)
+    legend_outside(axes[0, -1], handles, labels)
+    footer(fig, note, fontsize=6)
+    return fig
+
+
+def gate_curves_png(results: Sequence[Mapping], path: Path, note: str) -> Path | None:
+    fig = draw_gate_curves(results, note)
+    return save(fig, path) if fig is not None else None
 
 
 def _g(x) -> str:
@@ -131,4 +126,4 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str],
     return L
 
 
-__all__ = ["gate_curves_png", "gate_rows", "section"]
+__all__ = ["draw_gate_curves", "gate_curves_png", "gate_rows", "section"]

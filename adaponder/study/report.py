@@ -12,28 +12,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from adaponder.plotting import short_path
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .arms import arm_id  # noqa: E402
-from .config import StudyConfig  # noqa: E402
-
-_MARKERS = {"vanilla": "o", "ponderlm": "s", "loop": "D", "pause": "P", "adaponder": "*"}
-#: The Pareto plot's hollow marker of each fixed-pruning control (a rule of FIXED_RULES).
-_PRUNING_MARKERS = {"uniform": "^", "geometric": "v"}
-
-
-def _pruning_markers() -> list[tuple[str, str]]:
-    """``(rule, marker)`` for every fixed-pruning rule; a rule without a marker is an error, not a silent gap."""
-    from adaponder.evaluation.pruning import FIXED_RULES  # loads torch: only when a report is drawn
-
-    missing = [rule for rule in FIXED_RULES if rule not in _PRUNING_MARKERS]
-    if missing:
-        raise LookupError(f"no Pareto-plot marker for fixed-pruning rule(s) {', '.join(missing)} "
-                          "(add them to _PRUNING_MARKERS)")
-    return [(rule, _PRUNING_MARKERS[rule]) for rule in FIXED_RULES]
+from .arms import arm_id
+from .config import StudyConfig
+from .plots import exit_histograms_png, nll_by_exit_png, pareto_png, training_curves_png
 
 
 def _gated(res: Mapping) -> bool:
@@ -135,131 +118,6 @@ def check_claims(results: Sequence[Mapping]) -> list[dict[str, str]]:
 def _seed_range(vals: Sequence[float]) -> str:
     mean = sum(vals) / len(vals)
     return f"{mean:.2f}" if len(vals) == 1 else f"{mean:.2f} ({min(vals):.2f}–{max(vals):.2f})"
-
-
-# -- plots -------------------------------------------------------------------------------------------------
-def _color(i: int) -> str:
-    return plt.get_cmap("tab10")(i % 10)
-
-
-def pareto_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
-    """Held-out perplexity vs inference FLOPs/token: every arm and seed, each gated arm's τ dial (line)
-    and its fixed-pruning controls (hollow markers, drawn on top)."""
-    fig, ax = plt.subplots(figsize=(8.0, 5.6))
-    arms = list(dict.fromkeys(r["arm"] for r in results))
-    first_seed = min(r["seed"] for r in results)
-    for i, arm in enumerate(arms):
-        for r in (x for x in results if x["arm"] == arm):
-            h = r["heldout"]
-            # Arms of equal cost share an x position: distinct shapes, a repeat seed hollow, all translucent,
-            # so a marker under another stays visible.
-            filled = r["seed"] == first_seed
-            ax.scatter(_mflops(h), h["ppl"], marker=_MARKERS.get(r["mode"], "o"), s=110 if filled else 150,
-                       facecolors=_color(i) if filled else "none", edgecolors=_color(i) if not filled else "black",
-                       linewidths=0.6 if filled else 1.6, alpha=0.75, zorder=3,
-                       label=f"{arm_id(arm, r['seed'])}")
-            if _gated(r):
-                dial = r.get("tau_dial") or []
-                if dial:
-                    ax.plot([_mflops(d) for d in dial], [d["ppl"] for d in dial], "-", color=_color(i), alpha=0.6,
-                            lw=1.2, marker=".", zorder=2, label=f"{arm_id(arm, r['seed'])} τ dial "
-                            f"({dial[0]['tau']:g} … {dial[-1]['tau']:g})")
-                for rule, mk in _pruning_markers():
-                    fp = (r.get("fixed_pruning") or {}).get(rule)
-                    if fp:
-                        ax.scatter(_mflops(fp), fp["ppl"], marker=mk, s=110, facecolors="none",
-                                   edgecolors=_color(i), linewidths=1.6, zorder=4,
-                                   label=f"{arm_id(arm, r['seed'])} fixed pruning, {rule}")
-    ax.set_xlabel("inference MFLOPs per token (A17 convention, held-out windows)")
-    ax.set_ylabel("held-out perplexity (log scale)")
-    ax.set_yscale("log")  # one weak arm must not flatten the differences between the others
-    ax.set_title("Perplexity vs inference compute (lower left is better)", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, data_note(results), fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path, bottom=0.14)
-
-
-def nll_by_exit_png(results: Sequence[Mapping], path: Path, data_note) -> Path | None:
-    gated = [r for r in results if _gated(r) and r.get("nll_by_exit_pass")]
-    if not gated:
-        return None
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    width = 0.8 / len(gated)
-    for j, r in enumerate(gated):
-        rows = r["nll_by_exit_pass"]
-        xs = [row["exit_pass"] + (j - (len(gated) - 1) / 2) * width for row in rows]
-        ys = [row["mean_nll"] if row["tokens"] else 0.0 for row in rows]
-        bars = ax.bar(xs, ys, width=width * 0.95, color=_color(j), label=arm_id(r["arm"], r["seed"]))
-        for b, row in zip(bars, rows):
-            if row["tokens"]:
-                ax.annotate(f"{row['fraction']:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                            ha="center", va="bottom", fontsize=6)
-    K = max(len(r["nll_by_exit_pass"]) for r in gated)
-    ax.set_xticks(range(1, K + 1))
-    ax.set_xlabel("exit pass D (labels: share of tokens)")
-    ax.set_ylabel("mean held-out NLL (nats)")
-    ax.set_title("Mean NLL of tokens by exit pass (learned gates, τ as trained)", fontsize=11)
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    fig.text(0.01, 0.01, data_note(gated), fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path, bottom=0.16)
-
-
-def exit_histograms_png(results: Sequence[Mapping], path: Path, data_note) -> Path | None:
-    gated = [r for r in results if _gated(r)]
-    if not gated:
-        return None
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
-    series = []
-    for r in gated:
-        series.append((arm_id(r["arm"], r["seed"]) + " learned", r["heldout"]["exit_histogram"]))
-        for rule, fp in (r.get("fixed_pruning") or {}).items():
-            if r["seed"] == min(x["seed"] for x in gated if x["arm"] == r["arm"]):
-                series.append((arm_id(r["arm"], r["seed"]) + f" {rule}", fp["exit_histogram"]))
-    width = 0.8 / len(series)
-    for j, (label, counts) in enumerate(series):
-        total = max(sum(counts), 1)
-        xs = [k + 1 + (j - (len(series) - 1) / 2) * width for k in range(len(counts))]
-        ax.bar(xs, [c / total for c in counts], width=width * 0.95, color=_color(j), label=label)
-    K = max(len(c) for _, c in series)
-    ax.set_xticks(range(1, K + 1))
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("exit pass D")
-    ax.set_ylabel("fraction of held-out tokens")
-    ax.set_title("Exit-pass histograms: learned gates and the fixed-pruning controls", fontsize=11)
-    ax.legend(fontsize=6, ncol=2)
-    ax.grid(axis="y", alpha=0.3)
-    fig.text(0.01, 0.01, data_note(gated), fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path, bottom=0.16)
-
-
-def training_curves_png(results: Sequence[Mapping], path: Path, data_note) -> Path:
-    fig, ax = plt.subplots(figsize=(8.0, 4.8))
-    arms = list(dict.fromkeys(r["arm"] for r in results))
-    seeds = sorted({r["seed"] for r in results})
-    for i, arm in enumerate(arms):
-        for r in (x for x in results if x["arm"] == arm):
-            curve = [c for c in r["train"]["curve"] if c.get("lm_loss") is not None]
-            ax.plot([c["tokens"] / 1e6 for c in curve], [c["lm_loss"] for c in curve],
-                    ls="-" if r["seed"] == seeds[0] else "--", color=_color(i), lw=1.2,
-                    label=arm_id(arm, r["seed"]))
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("training LM loss (nats, logged steps)")
-    ax.set_title("Training curves (dashed: second seed)", fontsize=11)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.text(0.01, 0.01, data_note(results), fontsize=7, ha="left", va="bottom", wrap=True)
-    return _save(fig, path, bottom=0.14)
-
-
-def _save(fig, path: Path, bottom: float = 0.1) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # -- Markdown ----------------------------------------------------------------------------------------------
@@ -364,30 +222,29 @@ def _halting_detail(r: Mapping) -> list[str]:
     return L
 
 
-def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mapping, command: str,
-                 pending: Sequence[str] = ()) -> Path:
-    out = Path(cfg.study.report)
-    figs = Path(cfg.study.results_dir)
-    rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix() if p else None  # noqa: E731
-    corpus = ", ".join(cfg.data.corpus)
+def data_note(cfg: StudyConfig, data_meta: Mapping, shown: Sequence[Mapping]) -> str:
+    """A plot's footer: the data it was scored on and where its checkpoints are, without any machine's folders
+    (absolute paths shortened) and without one entry per checkpoint (they follow one pattern)."""
+    ckpts = f"Checkpoints: {short_path(cfg.study.runs_dir)}/<arm>-s<seed>/hf ({len(shown)} runs)."
+    if data_meta.get("task"):
+        return f"Data: {data_meta['task']['name']} task, {data_meta.get('val_documents')} held-out documents. {ckpts}"
+    corpus = ", ".join(short_path(c) for c in cfg.data.corpus)
+    return (f"Data: {corpus} ({data_meta.get('documents')} documents; held out whole: "
+            f"{data_meta.get('val_documents')}, first {cfg.eval.max_tokens_per_doc or 'all'} tokens of each). {ckpts}")
 
-    def data_note(shown: Sequence[Mapping]) -> str:
-        ckpts = ", ".join(sorted({r["checkpoint"] for r in shown}))
-        if data_meta.get("task"):
-            return (f"Data: {data_meta['task']['name']} task, {data_meta.get('val_documents')} held-out documents. "
-                    f"Checkpoints: {ckpts}")
-        return (f"Data: {corpus} ({data_meta.get('documents')} documents; held out whole: "
-                f"{data_meta.get('val_documents')}, first {cfg.eval.max_tokens_per_doc or 'all'} tokens of each). "
-                f"Checkpoints: {ckpts}")
 
-    plots = {
-        "pareto": pareto_png(results, figs / "pareto.png", data_note) if results else None,
-        "nll": nll_by_exit_png(results, figs / "nll_by_exit_pass.png", data_note),
-        "hist": exit_histograms_png(results, figs / "exit_histograms.png", data_note),
-        "curves": training_curves_png(results, figs / "training_curves.png", data_note) if results else None,
-    }
-    L = []
-    L.append(f"# Study: AdaPonderLM and its baselines at CPU scale ({cfg.study.name}, profile {cfg.profile})\n")
+PIPELINE_TITLE = "Pipeline check (quick profile) — not a result"
+
+
+def _header(cfg: StudyConfig, figs: Path, command: str, pending: Sequence[str]) -> list[str]:
+    """Title, provenance, how to reproduce; a pipeline check says at once that its numbers are no evidence."""
+    if cfg.study.pipeline_check:
+        L = [f"# {PIPELINE_TITLE} ({cfg.study.name}, profile {cfg.profile})\n",
+             "This run checks that every stage of the study works end to end (data, training, evaluation, tables, "
+             "plots) on a tiny model trained for a few steps. Its numbers are not evidence for or against the "
+             "method: the arms are trained far too briefly to learn to halt, so it draws no conclusions.\n"]
+    else:
+        L = [f"# Study: AdaPonderLM and its baselines at CPU scale ({cfg.study.name}, profile {cfg.profile})\n"]
     L.append("Generated by `launch/study.py` from the per-arm results in "
              f"`{figs.as_posix()}/*.json`; do not edit by hand (the analysis section comes from "
              f"`{(figs / 'analysis.md').as_posix()}`).\n")
@@ -397,23 +254,44 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
              "fingerprint) is never retrained, and an interrupted arm continues from its last checkpoint.\n")
     if pending:
         L.append(f"**Incomplete:** {len(pending)} arm(s) not finished yet: {', '.join(pending)}.\n")
+    return L
+
+
+def _claims_section(results: Sequence[Mapping]) -> list[str]:
+    L = ["## The paper's claims at this scale\n", "| claim | numbers | verdict |", "|---|---|---|"]
+    L += [f"| {c['claim']} | {c['numbers']} | **{c['verdict']}** |" for c in check_claims(results)]
+    return L + [""]
+
+
+def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mapping, command: str,
+                 pending: Sequence[str] = ()) -> Path:
+    out = Path(cfg.study.report)
+    figs = Path(cfg.study.results_dir)
+    rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix() if p else None  # noqa: E731
+    verdicts = not cfg.study.pipeline_check
+
+    def note(shown: Sequence[Mapping]) -> str:
+        return data_note(cfg, data_meta, shown)
+
+    plots = {
+        "pareto": pareto_png(results, figs / "pareto.png", note) if results else None,
+        "nll": nll_by_exit_png(results, figs / "nll_by_exit_pass.png", note),
+        "hist": exit_histograms_png(results, figs / "exit_histograms.png", note),
+        "curves": training_curves_png(results, figs / "training_curves.png", note) if results else None,
+    }
+    L = _header(cfg, figs, command, pending)
     L += _setup_section(cfg, data_meta)
     L += _results_section(results)
     from .difficulty_report import section
 
     from . import trend
 
-    L += section(results, figs, rel, data_note(results) if results else "")
+    L += section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
-                       data_note(results) if results else "")
+                       note(results) if results else "", verdicts=verdicts)
     if plots["pareto"]:
         L.append(f"![Pareto plot]({rel(plots['pareto'])})\n")
-    L.append("## The paper's claims at this scale\n")
-    L.append("| claim | numbers | verdict |")
-    L.append("|---|---|---|")
-    for c in check_claims(results):
-        L.append(f"| {c['claim']} | {c['numbers']} | **{c['verdict']}** |")
-    L.append("")
+    L += _claims_section(results) if verdicts else []
     gated = [r for r in results if _gated(r)]
     for r in gated:
         L += _halting_detail(r)
@@ -422,7 +300,7 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
             L.append(f"![{caption}]({rel(plots[key])})\n")
     from . import gate_report
 
-    L += gate_report.section(results, figs, rel, data_note)
+    L += gate_report.section(results, figs, rel, note)
     analysis = figs / "analysis.md"
     if analysis.is_file():
         L.append(analysis.read_text(encoding="utf-8").rstrip() + "\n")
@@ -431,4 +309,4 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     return out
 
 
-__all__ = ["check_claims", "seed_spread", "write_report"]
+__all__ = ["PIPELINE_TITLE", "check_claims", "data_note", "seed_spread", "write_report"]

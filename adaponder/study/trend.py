@@ -13,10 +13,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from adaponder.plotting import (LINE_MARKERS, arm_color, budget_ticks, figure, footer, legend_outside, save,
+                                unique_handles)
 
 CONTROL = "ponderlm-k1"
 
@@ -61,43 +59,45 @@ def verdict(g: Mapping[int, float], noise: float) -> str:
     return f"no change beyond the seed spread ({first:+.2f} → {last:+.2f}, spread {floor:.2f})"
 
 
-def trend_png(table: Mapping[str, Mapping[int, float]], path: Path, note: str, noise: float = float("nan")) -> Path:
+def draw_trend(table: Mapping[str, Mapping[int, float]], note: str, noise: float = float("nan")):
     """Left: perplexity vs training tokens per arm. Right: each arm's gain over the one-pass control per budget,
-    with the seed spread as a band around zero (a gain inside it is noise)."""
-    fig, (ax, gx) = plt.subplots(1, 2, figsize=(10.4, 4.6))
+    with the seed spread as a band around zero (a gain inside it is noise). The values are in the report's
+    table, so the points carry no labels of their own."""
+    fig = figure(11.0, 4.8)
+    ax, gx = fig.subplots(1, 2)
+    budgets = sorted({b for pts in table.values() for b in pts})
     for i, (arm, pts) in enumerate(sorted(table.items())):
         xs = sorted(pts)
-        color = plt.get_cmap("tab10")(i % 10)
-        ax.plot([x / 1e6 for x in xs], [pts[x] for x in xs], marker="o", color=color,
-                ls="--" if arm == CONTROL else "-", label=arm)
+        style = dict(marker=LINE_MARKERS[i % len(LINE_MARKERS)], mfc="none", color=arm_color(arm), label=arm)
+        ax.plot([x / 1e6 for x in xs], [pts[x] for x in xs], ls="--" if arm == CONTROL else "-", **style)
         g = gains(table, arm) if arm != CONTROL else {}
         if g:
-            gx.plot([b / 1e6 for b in g], list(g.values()), marker="o", color=color, label=arm)
-            for b, v in g.items():
-                gx.annotate(f"{v:+.2f}", (b / 1e6, v), textcoords="offset points", xytext=(6, 4), fontsize=7)
-    for a in (ax, gx):
-        a.set_xscale("log", base=2)
-        a.set_xlabel("training tokens (millions, log scale)")
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
-    ax.set_ylabel("held-out perplexity")
-    ax.set_title("Perplexity vs training tokens", fontsize=11)
+            gx.plot([b / 1e6 for b in g], list(g.values()), **style)
     gx.axhline(0, color="gray", lw=0.8)
     if math.isfinite(noise):
         gx.axhspan(-noise, noise, color="gray", alpha=0.15, label="seed spread")
+    for a in (ax, gx):
+        a.set_xscale("log", base=2)
+        budget_ticks(a, [b / 1e6 for b in budgets])
+        a.set_xlabel("training tokens (millions, log scale)")
+        a.grid(alpha=0.3)
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title("Perplexity vs training tokens", fontsize=11)
     gx.set_ylabel(f"ppl({CONTROL}) − ppl(arm)  (> 0: the passes pay)")
     gx.set_title(f"Gain over {CONTROL} (band: seed spread)", fontsize=11)
-    fig.text(0.01, 0.01, note, fontsize=7, ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    legend_outside(gx, *unique_handles(ax, gx))
+    footer(fig, note)
+    return fig
+
+
+def trend_png(table: Mapping[str, Mapping[int, float]], path: Path, note: str, noise: float = float("nan")) -> Path:
+    return save(draw_trend(table, note, noise), Path(path))
 
 
 def section(results: Sequence[Mapping], compare: Sequence[str], seed: int, noise_of: Callable, figs: Path,
-            rel: Callable[[Path], str], note: str) -> list[str]:
-    """The report's lines (empty without ``compare`` folders)."""
+            rel: Callable[[Path], str], note: str, verdicts: bool = True) -> list[str]:
+    """The report's lines (empty without ``compare`` folders); without ``verdicts`` (a pipeline check) the trend
+    is tabulated but not judged."""
     if not compare:
         return []
     others = [r for folder in compare for r in load_results(folder)]
@@ -124,10 +124,10 @@ def section(results: Sequence[Mapping], compare: Sequence[str], seed: int, noise
                      + " | ".join(f"{g[b]:+.2f}" if b in g else "–" for b in budgets) + " |")
     L.append(f"\nSeed spread of perplexity (largest over the repeated arms at any one budget): {noise:.2f}."
              if math.isfinite(noise) else "")
-    for arm in sorted(a for a in table if a != CONTROL and gains(table, a)):
+    for arm in sorted(a for a in table if a != CONTROL and gains(table, a) and verdicts):
         L.append(f"- {arm}: the gain over {CONTROL} {verdict(gains(table, arm), noise)}.")
     L.append(f"\n![Perplexity vs training tokens]({rel(trend_png(table, figs / 'token_trend.png', note, noise))})\n")
     return L
 
 
-__all__ = ["CONTROL", "budget_table", "gains", "load_results", "section", "verdict"]
+__all__ = ["CONTROL", "budget_table", "draw_trend", "gains", "load_results", "section", "trend_png", "verdict"]

@@ -73,42 +73,51 @@ class GateWatch:
         self.raised = set(state.get("raised", []))
 
 
-def gate_curves_png(records: Sequence[dict], path, title: str):
+def draw_gate_curves(records: Sequence[dict], title: str):
     """Per-gate median value and per-pass active share over training, from the run's train records; None when no
     record carries gate statistics."""
     rows = [r for r in records if r.get("kind") == "train" and r.get("gate_median")]
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from adaponder.plotting import LINE_MARKERS, figure, legend_outside, readable_log_ticks
 
     steps = [r["step"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.4, 6.2), sharex=True)
+    fig = figure(8.4, 6.2)
+    top, bottom = fig.subplots(2, 1, sharex=True)
     for i in range(len(rows[-1]["gate_median"])):
         vals = [r["gate_median"][i] if i < len(r["gate_median"]) else float("nan") for r in rows]
-        top.plot(steps, [max(v, 1e-40) if v is not None else float("nan") for v in vals], label=f"gate {i + 1}")
+        # Gates often share a value (all near 1, or all at the floor): staggered hollow markers keep each visible.
+        every = max(1, len(steps) // 6)
+        top.plot(steps, [max(v, 1e-40) if v is not None else float("nan") for v in vals], label=f"gate {i + 1}",
+                 marker=LINE_MARKERS[i % len(LINE_MARKERS)], ms=4, mfc="none", markevery=(i * every // 3 % every, every))
     top.set_yscale("log")
     tau = rows[-1].get("tau")
     if tau:
         top.axhline(tau, color="gray", ls=":", label=f"τ = {tau:g}")
+    readable_log_ticks(top, "y")
     top.set_ylabel("median gate value s")
-    top.legend(fontsize=8)
     top.grid(alpha=0.3)
     act = [r for r in records if r.get("kind") == "train" and r.get("active_fraction")]
     for p in range(1, len(act[-1]["active_fraction"]) if act else 0):
-        bottom.plot([r["step"] for r in act], [r["active_fraction"][p] for r in act], label=f"pass {p + 1}")
+        bottom.plot([r["step"] for r in act], [r["active_fraction"][p] for r in act], ls="--", label=f"pass {p + 1}")
     bottom.set_ylim(-0.02, 1.02)
     bottom.set_ylabel("share of tokens active")
     bottom.set_xlabel("step")
-    bottom.legend(fontsize=8)
     bottom.grid(alpha=0.3)
+    h1, l1 = top.get_legend_handles_labels()
+    h2, l2 = bottom.get_legend_handles_labels()
+    legend_outside(top, h1 + h2, l1 + l2, title="top: gates · bottom: passes (dashed)", title_fontsize=7)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-__all__ = ["GateWatch", "REMEDY", "gate_curves_png", "gate_stats"]
+def gate_curves_png(records: Sequence[dict], path, title: str):
+    fig = draw_gate_curves(records, title)
+    if fig is None:
+        return None
+    from adaponder.plotting import save
+
+    return save(fig, path)
+
+
+__all__ = ["GateWatch", "REMEDY", "draw_gate_curves", "gate_curves_png", "gate_stats"]

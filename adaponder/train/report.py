@@ -86,24 +86,26 @@ def text_histogram(hist: list[int], width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def save_histogram_png(hist: list[int], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw_histogram(hist: list[int], title: str):
+    """Share of validation tokens per exit pass (the Figure ``save_histogram_png`` saves)."""
+    from adaponder.plotting import figure
 
     total = max(sum(hist), 1)
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    fig = figure(5, 3.2, dpi=120)
+    ax = fig.add_subplot()
     passes = list(range(1, len(hist) + 1))
     ax.bar(passes, [100.0 * n / total for n in hist], color="#4477aa")
     ax.set_xticks(passes)
     ax.set_xlabel("exit pass D (passes a token used)")
     ax.set_ylabel("share of validation tokens (%)")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def save_histogram_png(hist: list[int], path: Path, title: str) -> Path:
+    from adaponder.plotting import save
+
+    return save(draw_histogram(hist, title), path, dpi=120)
 
 
 def write_report(out_dir: str | Path, summary: dict[str, Any], *, title: str = "AdaPonder run report",
