@@ -44,7 +44,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -86,7 +85,7 @@ from adaponder.train import metrics as M
 from adaponder.train.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    _atomic_write,
+    atomic_write,
     find_resume,
     has_checkpoint,
     read_latest,
@@ -382,7 +381,7 @@ class FineTuner:
                 for role, split in (("train", "train"), ("val", "dev"))}
 
     def _setup_engine(self) -> None:
-        from adaponder.train.ds_config import build_ds_config, clips_in_deepspeed
+        from adaponder.train.ds_config import BatchSizes, build_ds_config, clips_in_deepspeed
 
         cfg, t = self.cfg, self.cfg.train
         groups = self.model.param_groups(t.lr, t.lambda_lr, t.weight_decay)
@@ -392,11 +391,10 @@ class FineTuner:
             opt = DeepSpeedCPUAdam(groups, adamw_mode=False)  # Adam (B8), as below
         else:
             opt = torch.optim.Adam(groups)
-        # build_ds_config reads only these fields of a training config and its plan.
-        recipe = SimpleNamespace(deepspeed=cfg.deepspeed, optim=SimpleNamespace(grad_clip=t.grad_clip))
-        plan = SimpleNamespace(micro_batch=t.batch_size // self.world, grad_accum=1, global_batch=t.batch_size)
-        self.ds_config = build_ds_config(recipe, plan, sum(p.numel() for p in self.model.parameters()))
-        self.own_clip = t.grad_clip > 0 and not clips_in_deepspeed(recipe)  # DeepSpeed clips silently there
+        batch = BatchSizes(micro_batch=t.batch_size // self.world, grad_accum=1, global_batch=t.batch_size)
+        self.ds_config = build_ds_config(cfg.deepspeed, batch, t.grad_clip,
+                                         sum(p.numel() for p in self.model.parameters()))
+        self.own_clip = t.grad_clip > 0 and not clips_in_deepspeed(cfg.deepspeed)  # DeepSpeed clips silently there
         self.engine = create_engine(self.model, opt, self.ds_config)
         self.model = self.engine.module
         self.device = self.engine.device
@@ -793,9 +791,9 @@ class FineTuner:
         if self.rank != 0:
             return
         text = json.dumps(self.results, indent=2, default=float) + "\n"
-        _atomic_write(self.output / "results.json", text.encode("utf-8"))
+        atomic_write(self.output / "results.json", text.encode("utf-8"))
         if "dev" in self.results:
-            _atomic_write(self.output / "results.md", results_markdown(self.results).encode("utf-8"))
+            atomic_write(self.output / "results.md", results_markdown(self.results).encode("utf-8"))
 
     def close(self) -> None:
         restore_signals(getattr(self, "_old_handlers", {}))

@@ -90,7 +90,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step (a synced temporary renamed over it): readers see the old file
+    or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
@@ -527,7 +529,7 @@ class CheckpointManager:
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
                      **trainer_state, "manifest": manifest, HASH_KEY: digests, FINITE_KEY: finite}
             try:
-                _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
+                atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
             except OSError as err:
                 raise self._write_failed(final, tmp, os_reason(err)) from None
             old = None
@@ -537,7 +539,7 @@ class CheckpointManager:
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             try:
-                _atomic_write(self.dir / "latest", tag.encode())
+                atomic_write(self.dir / "latest", tag.encode())
             except OSError as err:
                 raise CheckpointError(f"could not write {self.dir / 'latest'} ({os_reason(err)}): the checkpoint "
                                       f"{final} is complete, but 'latest' still names the one before; resume with "
@@ -678,7 +680,7 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
     return work
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "find_resume",
+__all__ = ["CheckpointManager", "CheckpointError", "atomic_write", "SimulatedCrash", "validate", "find_resume",
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",

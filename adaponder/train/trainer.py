@@ -40,7 +40,7 @@ from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, fin
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
 from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, init_distributed, lock_on_rank0
 from .finite_weights import module_weights_problem
-from .ds_config import build_ds_config, clips_in_deepspeed
+from .ds_config import BatchSizes, build_ds_config, clips_in_deepspeed
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .resume_checks import log_review, reconcile_optimizer, review_resume
 from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
@@ -232,12 +232,14 @@ class Trainer:
                 if isinstance(err, AdaPonderConfigError):
                     raise
                 raise TrainConfigError([f"init.backbone: cannot load {cfg.init.backbone}: {err}"], cfg.source) from None
-            self.ds_config = build_ds_config(cfg, self.plan, sum(p.numel() for p in model.parameters()))
+            self.ds_config = build_ds_config(cfg.deepspeed, BatchSizes.of(self.plan), cfg.optim.grad_clip,
+                                             sum(p.numel() for p in model.parameters()), cfg.source)
         else:
             config = cfg.model_config()
             with torch.device("meta"):
                 n_params = sum(p.numel() for p in AdaPonderForCausalLM(config).parameters())
-            self.ds_config = build_ds_config(cfg, self.plan, n_params)
+            self.ds_config = build_ds_config(cfg.deepspeed, BatchSizes.of(self.plan), cfg.optim.grad_clip, n_params,
+                                             cfg.source)
             torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
             if cfg.deepspeed.zero_stage == 3:
                 # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
@@ -471,7 +473,7 @@ class Trainer:
         self.opt.veto = nonfinite
         self.opt.last_skipped = False
         own_norm = None
-        if not clips_in_deepspeed(cfg) and not nonfinite:
+        if not clips_in_deepspeed(cfg.deepspeed) and not nonfinite:
             params = [p for p in self.model.parameters() if p.grad is not None]
             max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
             own_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
