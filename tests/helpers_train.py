@@ -127,13 +127,15 @@ import contextlib, io, json, os, sys, traceback
 reply = os.fdopen(os.dup(1), "w")  # replies only; anything else written to fd 1 goes where stderr goes
 os.dup2(2, 1)
 sys.path.insert(0, {launch!r})
+sys.path.insert(0, {tests!r})
+from faults import injected
 from {script} import main
 for line in sys.stdin:
-    argv = json.loads(line)
+    request = json.loads(line)
     buf = io.StringIO()
     try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            code = main(argv)
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf), injected(request["faults"]):
+            code = main(request["argv"])
     except BaseException:
         code, _ = -1, buf.write(traceback.format_exc())
     reply.write(json.dumps({{"code": code, "out": buf.getvalue()}}) + "\n")
@@ -144,21 +146,23 @@ for line in sys.stdin:
 class LauncherWorker:
     """One long-lived Python process that runs ``launch/<script>.py main(argv)`` on request (default
     ``pretrain``; ``finetune_glue`` works alike), so a test module pays for importing torch/DeepSpeed/transformers
-    once. ``run(*argv) -> (exit code, output)``."""
+    once. ``run(*argv, faults=None) -> (exit code, output)``."""
 
     def __init__(self, cwd: str | Path | None = None, script: str = "pretrain"):
         import subprocess
         import sys
 
-        code = _WORKER.format(launch=str(REPO / "launch"), script=script)
+        code = _WORKER.format(launch=str(REPO / "launch"), tests=str(REPO / "tests"), script=script)
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", code],
                                      cwd=str(cwd or REPO), env=cpu_env(), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
-    def run(self, *argv: str) -> tuple[int, str]:
+    def run(self, *argv: str, faults: dict[str, Any] | None = None) -> tuple[int, str]:
+        """``main(argv)`` with the faults of ``faults`` injected (``tests/faults.py``); an exception that escapes
+        ``main`` is exit code -1 with its traceback in the output."""
         import json
 
-        self.proc.stdin.write(json.dumps([str(a) for a in argv]) + "\n")
+        self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "faults": faults}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -194,11 +198,20 @@ def _deepspeed_cmd(config: str | Path, ranks: int, port: int, *args: str, script
 
 
 def deepspeed_launch(config: str | Path, ranks: int, port: int, *args: str, timeout: float = 300,
-                     cwd: str | Path | None = None):
-    """``deepspeed --num_gpus N --master_port P launch/pretrain.py --config FILE ARGS`` on the CPU (gloo)."""
+                     cwd: str | Path | None = None, faults: dict[str, Any] | None = None):
+    """``deepspeed --num_gpus N --master_port P launch/pretrain.py --config FILE ARGS`` on the CPU (gloo); with
+    ``faults``, each rank runs the launcher with them injected (``tests/faults.py``)."""
+    import json
     import subprocess
 
-    proc = subprocess.run(_deepspeed_cmd(config, ranks, port, *args), cwd=str(cwd or REPO), env=cpu_env(),
+    script, env = None, cpu_env()
+    if faults:
+        from faults import RANK_SCRIPT
+
+        script = Path(config).parent / "pretrain_with_faults.py"
+        script.write_text(RANK_SCRIPT.format(launch=str(REPO / "launch"), tests=str(REPO / "tests")))
+        env["ADAPONDER_TEST_FAULTS"] = json.dumps(faults)
+    proc = subprocess.run(_deepspeed_cmd(config, ranks, port, *args, script=script), cwd=str(cwd or REPO), env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -49,7 +49,7 @@ _MEASURE = textwrap.dedent(r"""
     torch.set_num_threads(1)
     from adaponder.modeling import AdaPonderForCausalLM, pondering
     from adaponder.train.config import config_from_dict, plan_run
-    from adaponder.train.ds_config import build_ds_config
+    from adaponder.train.ds_config import BatchSizes, build_ds_config
     from adaponder.train.optim import GuardedAdamW, param_groups
     from adaponder.train.schedule import ponder_schedule
     from adaponder.train.distributed import create_engine, init_distributed
@@ -71,7 +71,7 @@ _MEASURE = textwrap.dedent(r"""
             model.gradient_checkpointing_enable()
         n = sum(p.numel() for p in model.parameters())
         plan = plan_run(cfg, 1)
-        engine = create_engine(model, GuardedAdamW(param_groups(model, 0.01), lr=1e-3), build_ds_config(cfg, plan, n))
+        engine = create_engine(model, GuardedAdamW(param_groups(model, 0.01), lr=1e-3), build_ds_config(cfg.deepspeed, BatchSizes.of(plan), cfg.optim.grad_clip, n))
         ps = ponder_schedule(1, s0=0, s1=1, k_max=0.1, weight=0.1)  # the ponder loss on, as after S0
         for _ in range(steps):
             x = torch.randint(0, model.config.vocab_size, (plan.micro_batch, plan.seq_len + 1))

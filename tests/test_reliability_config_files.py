@@ -16,7 +16,7 @@ from adaponder.palbert.config import load_finetune_config
 from adaponder.strict_yaml import MAX_NODES, load_yaml
 from adaponder.study.config import load_study_config
 from adaponder.train.config import TrainConfigError, load_config, plan_run
-from adaponder.train.ds_config import build_ds_config
+from adaponder.train.ds_config import BatchSizes, build_ds_config
 from adaponder.typed_config import ConfigError
 from helpers_train import tiny_train_config, write_config
 
@@ -122,7 +122,7 @@ def test_deepspeed_batch_overrides_that_contradict_the_train_section_name_both(k
     agreeing = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
     base["deepspeed"]["overrides"] = agreeing
     cfg = load_config(write_config(tmp_path / "ok.yaml", base))
-    assert build_ds_config(cfg, plan_run(cfg, 1))["train_batch_size"] == 8
+    assert build_ds_config(cfg.deepspeed, BatchSizes.of(plan_run(cfg, 1)), cfg.optim.grad_clip)["train_batch_size"] == 8
 
 
 def test_a_plain_config_still_loads(tmp_path, base):

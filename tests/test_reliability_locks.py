@@ -113,6 +113,36 @@ def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, 
     assert code == 0 and f"resumed from {ck / 'step00000004'} at step 4" in text, text
 
 
+def test_a_checkpoint_folder_shared_by_two_runs_is_locked_second_exits_2(data, launcher, tmp_path):
+    """``checkpoint.dir`` may name any folder, another run's checkpoints included: it is locked on its own, so a
+    second run with another ``train.out_dir`` but the same checkpoint folder is refused, naming the holder."""
+    shared = tmp_path / "first" / "checkpoints"  # the first run's own (default) checkpoint folder
+    first_cfg = write_config(tmp_path / "first.yaml", tiny_train_config(
+        data["data"], data["tokenizer"], tmp_path / "first", train={"steps": 4}, checkpoint={"every": 2}))
+    second_cfg = write_config(tmp_path / "second.yaml", tiny_train_config(
+        data["data"], data["tokenizer"], tmp_path / "second", checkpoint={"dir": str(shared)}))
+    first = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(first_cfg)],
+                             cwd=str(REPO), env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_text(shared / LOCK_NAME, f"PID {first.pid},", first)
+        os.kill(first.pid, signal.SIGSTOP)  # the first run holds its checkpoint folder while the second starts
+        try:
+            code, text = launcher.run("--config", second_cfg)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        first_out, _ = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert code == 2, text
+    assert f"error: checkpoint folder {shared} is in use by another job (host {socket.gethostname()}, PID " \
+           f"{first.pid}, started " in text
+    assert "training " not in text  # refused before any model or data was built
+    assert not (tmp_path / "second").exists()  # its own run folder, made for its lock, is gone with it
+    assert first.returncode == 0, first_out[-3000:]
+    assert (shared / "latest").read_text().strip() == "step00000004" and not (shared / LOCK_NAME).exists()
+
+
 _PAUSED_PREPARE = """
 import sys
 import adaponder.data.prepare as P

@@ -1,6 +1,6 @@
 """A non-finite final validation loss fails the run (exit 3, a clear message, no HF export).
 
-The debug fault injection (``debug.nonfinite_steps``) only reaches training losses (and the guarded step
+The fault injection of the tests (``tests/faults.py``: ``nonfinite_steps``) only reaches training losses (and the guarded step
 skips those), so the launcher runs in a fresh process whose ``Trainer.evaluate`` reports a NaN loss.
 """
 

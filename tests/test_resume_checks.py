@@ -184,3 +184,56 @@ def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(
         assert "data changed on resume (train.allow_data_change): train data: " + old_fp in log
     finally:
         worker.close()
+
+
+def _finetuning_param_groups(tag_dir: Path) -> dict[str, dict]:
+    """The optimizer's parameter groups by name, as a fine-tuning checkpoint holds them (without ZeRO DeepSpeed
+    keeps the optimizer in the model-states file)."""
+    files = list(tag_dir.glob("*optim_states.pt"))
+    if files:
+        groups = torch.load(files[0], map_location="cpu", weights_only=False)["optimizer_state_dict"]["param_groups"]
+    else:
+        states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        groups = states["optimizer"]["param_groups"]
+    return {g["name"]: g for g in groups}
+
+
+def test_finetuning_refuses_other_optimizer_values_unless_allowed_and_then_applies_them(shared_data, tmp_path):
+    """The checkpoint's optimizer state carries train.weight_decay (and the learning rates); a resume with another
+    value is refused naming both, and when allowed the optimizer runs with the new one, as config.yaml says."""
+    from helpers_finetune import FinetuneWorker, finetune_argv
+
+    out = tmp_path / "ft"
+    recipe = ["timing.enabled=false", "train.stop_at=1"]
+    worker = FinetuneWorker()
+    try:
+        code, log = worker.run(finetune_argv("sst2", out, *recipe))
+        assert code == 0, log[-3000:]
+        config_before = (out / "config.yaml").read_text()
+        assert yaml.safe_load(config_before)["train"]["weight_decay"] == 0.0
+        before = _finetuning_param_groups(out / "checkpoints" / "step00000001")  # (the resume rewrites step 1)
+        resume = ["--resume", "auto"]
+        code, log = worker.run(finetune_argv("sst2", out, *recipe, "train.weight_decay=0.1") + resume)
+        assert code == 2, log[-3000:]
+        assert "optimizer's hyper-parameters would change (train.weight_decay 0.0 → 0.1)" in log
+        assert "--set train.allow_optim_change=true" in log
+        assert (out / "config.yaml").read_text() == config_before
+        assert not (out / "checkpoints" / "step00000002").exists()
+
+        code, log = worker.run(finetune_argv("sst2", out, *recipe, "train.weight_decay=0.1",
+                                             "train.allow_optim_change=true") + resume)
+        assert code == 0, log[-3000:]
+        assert ("resumed with train.weight_decay 0.0 → 0.1 (train.allow_optim_change): applied to the optimizer "
+                "from step 1") in log
+    finally:
+        worker.close()
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["weight_decay"] == 0.1
+    # What ran is what config.yaml says: the optimizer of the step-2 checkpoint holds the new value, the stopped
+    # run's step-1 checkpoint held the old one; the learning rates are untouched.
+    after = _finetuning_param_groups(out / "checkpoints" / "step00000002")
+    assert {n: g["weight_decay"] for n, g in after.items()} == {"main": 0.1, "lambda": 0.1}
+    assert {n: g["weight_decay"] for n, g in before.items()} == {"main": 0.0, "lambda": 0.0}
+    assert {n: g["lr"] for n, g in after.items()} == {n: g["lr"] for n, g in before.items()}
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [e["changes"] for e in events if e.get("event") == "optimizer_changed"] == ["train.weight_decay 0.0 → 0.1"]
+

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from adaponder.train.config import TrainConfigError, config_from_dict, load_config, plan_run
-from adaponder.train.ds_config import build_ds_config
+from adaponder.train.ds_config import BatchSizes, build_ds_config
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHIA_LR = {"70m": 1e-3, "160m": 6e-4, "410m": 3e-4, "1b": 2.5e-4, "1.4b": 2e-4, "2.8b": 1.6e-4}
@@ -27,7 +27,7 @@ def test_pythia_presets_follow_the_recipe(size):
         assert plan.global_batch == 1024 == plan.micro_batch * plan.grad_accum * ranks
         assert plan.warmup_steps == 1430 and plan.total_steps == 143_000
         assert (plan.s0, plan.s1) == (28_600, 57_200)
-    ds = build_ds_config(cfg, plan_run(cfg, 8), n_params=10**8)
+    ds = build_ds_config(cfg.deepspeed, BatchSizes.of(plan_run(cfg, 8)), cfg.optim.grad_clip, n_params=10**8)
     assert ds["bf16"]["enabled"] and ds["zero_optimization"]["stage"] == 1
     assert ds["train_batch_size"] == 1024 and ds["gradient_clipping"] == 1.0
 
@@ -128,7 +128,7 @@ def test_ds_config_per_stage(stage):
                                           "offload_optimizer": "cpu" if stage else "none",
                                           "overrides": {"zero_optimization": {"round_robin_gradients": True}}},
                             "train": {"steps": 10, "micro_batch": 2, "grad_accum": 3}})
-    ds = build_ds_config(cfg, plan_run(cfg, 2), n_params=1000)
+    ds = build_ds_config(cfg.deepspeed, BatchSizes.of(plan_run(cfg, 2)), cfg.optim.grad_clip, n_params=1000)
     z = ds["zero_optimization"]
     assert z["stage"] == stage and ds["train_batch_size"] == 12 and ds["gradient_accumulation_steps"] == 3
     assert (z.get("offload_optimizer", {}).get("device") == "cpu") == (stage > 0)

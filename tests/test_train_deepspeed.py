@@ -40,12 +40,12 @@ def zero_runs(data, tmp_path_factory):
     runs = {}
     for stage in (1, 2, 3):
         extra = {"checkpoint": {"every": 4, "export_hf": stage == 3}}
-        if stage == 2:  # a non-finite loss on rank 1 only: both ranks must skip the step
-            extra["debug"] = {"nonfinite_steps": [5], "nonfinite_rank": 1}
+        # stage 2: a non-finite loss on rank 1 only: both ranks must skip the step
+        faults = {"nonfinite_steps": [5], "nonfinite_rank": 1} if stage == 2 else None
         if stage == 3:  # 3 validation micro-batches on 2 ranks: rank 1 runs a discarded one (ZeRO-3 gathers)
             extra["eval"] = {"max_batches": 3}
         cfg = _cfg(tmp, f"z{stage}", data, stage, **extra)
-        code, out = deepspeed_launch(cfg, 2, PORTS[f"z{stage}"])
+        code, out = deepspeed_launch(cfg, 2, PORTS[f"z{stage}"], faults=faults)
         assert code == 0, out[-5000:]
         runs[stage] = tmp / f"z{stage}"
     return tmp, runs

@@ -20,10 +20,11 @@ import torch
 from helpers_train import REPO, cpu_env, read_metrics, tiny_train_config, write_config
 
 
-def run_all(launcher, *runs):
+def run_all(launcher, *runs, faults=None):
+    """Each run's exit code and all the output; ``faults`` (``tests/faults.py``) are injected into every run."""
     codes, outs = [], []
     for argv in runs:
-        code, out = launcher.run(*argv)
+        code, out = launcher.run(*argv, faults=faults)
         codes.append(code)
         outs.append(out)
     return codes, "\n".join(outs)
@@ -160,11 +161,12 @@ def _module_and_optimizer(tag_dir: Path):
 
 
 def test_nonfinite_loss_skips_the_step_and_n_in_a_row_stop_the_run(data, launcher, tmp_path):
-    one = _config(tmp_path, "one", data, train={"steps": 5}, checkpoint={"every": 1, "keep": 10},
-                  debug={"nonfinite_steps": [3]})
+    one = _config(tmp_path, "one", data, train={"steps": 5}, checkpoint={"every": 1, "keep": 10})
     many = _config(tmp_path, "many", data, train={"steps": 10, "max_consecutive_skips": 3},
-                   checkpoint={"every": 4}, debug={"nonfinite_steps": [5, 6, 7]})
-    codes, out = run_all(launcher, *[["--config", str(one)], ["--config", str(many)]])
+                   checkpoint={"every": 4})
+    codes, out = run_all(launcher, ["--config", str(one)], faults={"nonfinite_steps": [3]})
+    more, more_out = run_all(launcher, ["--config", str(many)], faults={"nonfinite_steps": [5, 6, 7]})
+    codes, out = codes + more, out + "\n" + more_out
     assert codes[0] == 0, out
     # Step 3 was skipped: parameters and optimizer state after it equal those after step 2, bit for bit.
     ck = tmp_path / "one" / "checkpoints"
@@ -182,8 +184,7 @@ def test_nonfinite_loss_skips_the_step_and_n_in_a_row_stop_the_run(data, launche
     assert codes[1] == 3
     assert "stopping: 3 consecutive steps (5..7)" in out and "step00000004" in out
     assert (tmp_path / "many" / "checkpoints" / "latest").read_text().strip() == "step00000004"
-    codes, out = run_all(launcher, *[["--config", str(many), "--resume", "auto",
-                                               "--set", "debug.nonfinite_steps=[]"]])
+    codes, out = run_all(launcher, *[["--config", str(many), "--resume", "auto"]])
     assert codes == [0], out  # ... and the run continues from it
     assert read_metrics(tmp_path / "many")[-1]["step"] == 10
 
@@ -210,17 +211,16 @@ def test_a_streak_of_skips_begun_before_a_resume_names_its_first_step(tmp_path):
 
 # -- a crash in the middle of a save, and clear errors that touch nothing -----------------------------------
 def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, launcher, tmp_path):
-    run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2},
-                  debug={"crash_in_save_at": 4})
-    codes, out = run_all(launcher, *[["--config", str(run)]])
-    assert codes == [1] and "simulated crash" in out
+    run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2})
+    codes, out = run_all(launcher, *[["--config", str(run)]], faults={"crash_in_save_at": 4})
+    assert codes == [-1] and "SimulatedCrash: simulated crash in the middle of saving step 4" in out  # (escaped main)
     ck = tmp_path / "run" / "checkpoints"
     assert (ck / "latest").read_text().strip() == "step00000002"
     # (temporary names carry the PID of the writing process: the launcher worker's)
     assert (ck / f".tmp-step00000004-{launcher.proc.pid}").is_dir() and not (ck / "step00000004").exists()
 
     # A fresh start refuses a folder that holds checkpoints.
-    fresh = ["--config", str(run), "--set", "debug.crash_in_save_at=null"]
+    fresh = ["--config", str(run)]
     # Bad config, missing data, tokenizer mismatch, corrupt / incompatible checkpoints: exit 2, files untouched.
     missing = ["--config", str(run), "--set", f"data.path={tmp_path / 'nowhere'}", "--set",
                f"train.out_dir={tmp_path / 'md'}"]
@@ -241,7 +241,7 @@ def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, 
     optim_file = next((ck / "step00000002").glob("*optim_states.pt"))
     good = optim_file.read_bytes()
     optim_file.write_bytes(good[: len(good) // 2])
-    resume = ["--config", str(run), "--resume", "auto", "--set", "debug.crash_in_save_at=null"]
+    resume = ["--config", str(run), "--resume", "auto"]
     codes, out = run_all(launcher, *[resume])
     assert codes == [2] and "truncated or corrupt" in out and optim_file.name in out
     optim_file.write_bytes(good)

@@ -7,8 +7,10 @@
 * :mod:`adaponder.palbert.classifier` — ``AdaPonderForSequenceClassification`` on the recurrent core
   (B1–B7) with online early exit (``predict``), and ``PalbertConfig``.
 * :mod:`adaponder.palbert.config` / :mod:`adaponder.palbert.finetune` — the typed fine-tuning config and
-  the GLUE recipe behind ``launch/finetune_glue.py`` (B8), on the pretraining trainer's process group,
-  DeepSpeed engine, checkpoints (resume), metrics sink and signal handling.
+  the GLUE recipe behind ``launch/finetune_glue.py`` (B8), on the run harness of pretraining
+  (:mod:`adaponder.train.harness`: process group, DeepSpeed engine, checkpoints and resume checks, metrics sink,
+  signal handling); :mod:`adaponder.palbert.finetune_inputs` (tokenizer, GLUE source, classifier) and
+  :mod:`adaponder.palbert.finetune_phases` (the evaluation phases and results files).
 * :mod:`adaponder.palbert.rule_evaluation` / :mod:`adaponder.palbert.results` — every exit rule's dev metrics
   and timing from one N-pass forward, and the run's results table.
 

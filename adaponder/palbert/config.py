@@ -133,6 +133,9 @@ class TrainSection:
     threads: NonNegativeInt = 0
     #: A resume may continue on other GLUE data (another fingerprint of the train or dev examples) only when true.
     allow_data_change: bool = False
+    #: A resume may change ``train.lr``, ``train.lambda_lr`` or ``train.weight_decay`` only when true (then applied
+    #: to the optimizer; the checkpoint's optimizer state carries the old values).
+    allow_optim_change: bool = False
 
 
 @dataclass
@@ -219,6 +222,11 @@ class FinetuneConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @property
     def select_rule(self) -> str:

@@ -69,15 +69,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from: missing, incomplete, corrupt or from an incompatible run."""
 
 
-class SimulatedCrash(RuntimeError):
-    """Raised by ``debug.crash_in_save_at`` in the middle of a save (tests)."""
-
-
 def tag_for(step: int) -> str:
     return f"step{step:08d}"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (a no-op where directories cannot be synced)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -90,7 +87,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step (a synced temporary renamed over it): readers see the old file
+    or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
@@ -101,7 +100,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)  # (a full disk: no half-written temporary left behind)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _barrier() -> None:
@@ -490,7 +489,7 @@ class CheckpointManager:
         self.world_size = world_size
 
     def save(self, engine, step: int, *, rank_state: dict[str, Any], trainer_state: dict[str, Any],
-             model_config: dict[str, Any] | None = None, crash: bool = False, protect: tuple[str, ...] = ()) -> Path:
+             model_config: dict[str, Any] | None = None, protect: tuple[str, ...] = ()) -> Path:
         """Collective: every rank calls it. Returns the final tag folder. Rotation (``keep``) never deletes
         the tags in ``protect`` (e.g. the best checkpoint of a fine-tuning run)."""
         tag = tag_for(step)
@@ -515,8 +514,6 @@ class CheckpointManager:
         errors = [e for e in _gather(error) if e]
         if errors:
             raise self._write_failed(final, tmp, errors[0])
-        if crash:
-            raise SimulatedCrash(f"simulated crash in the middle of saving step {step} (debug.crash_in_save_at)")
         # Every file as written: sizes and SHA-256 (listed by rank 0, hashed by all ranks together).
         names = [sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()) if self.rank == 0 else None]
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
@@ -529,7 +526,7 @@ class CheckpointManager:
                      "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "save_seconds": time.perf_counter() - t0,
                      **trainer_state, "manifest": manifest, HASH_KEY: digests, FINITE_KEY: finite}
             try:
-                _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
+                atomic_write(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True).encode())
             except OSError as err:
                 raise self._write_failed(final, tmp, os_reason(err)) from None
             old = None
@@ -537,9 +534,9 @@ class CheckpointManager:
                 old = self.dir / f".old-{tag}-{os.getpid()}"
                 os.replace(final, old)
             os.replace(tmp, final)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             try:
-                _atomic_write(self.dir / "latest", tag.encode())
+                atomic_write(self.dir / "latest", tag.encode())
             except OSError as err:
                 raise CheckpointError(f"could not write {self.dir / 'latest'} ({os_reason(err)}): the checkpoint "
                                       f"{final} is complete, but 'latest' still names the one before; resume with "
@@ -680,7 +677,7 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
     return work
 
 
-__all__ = ["CheckpointManager", "CheckpointError", "SimulatedCrash", "validate", "find_resume",
+__all__ = ["CheckpointManager", "CheckpointError", "atomic_write", "fsync_dir", "validate", "find_resume",
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",

@@ -8,9 +8,24 @@ owns ZeRO partitioning, offload, mixed precision, gradient accumulation and grad
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
-from .config import RunPlan, TrainConfig, TrainConfigError, batch_override_problems
+from .config import DeepSpeedConfig, TrainConfigError, batch_override_problems
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """The batch of one optimizer step as DeepSpeed counts it: per rank, accumulated, and over all ranks."""
+
+    micro_batch: int
+    grad_accum: int
+    global_batch: int
+
+    @classmethod
+    def of(cls, plan: Any) -> BatchSizes:
+        """The sizes of anything that holds them by these names (a pretraining :class:`~.config.RunPlan`)."""
+        return cls(int(plan.micro_batch), int(plan.grad_accum), int(plan.global_batch))
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -23,17 +38,18 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def clips_in_deepspeed(cfg: TrainConfig) -> bool:
+def clips_in_deepspeed(ds: DeepSpeedConfig) -> bool:
     """Whether DeepSpeed clips gradients. Without ZeRO in fp32, DeepSpeed clips but never reports the
     norm, so the trainer clips (and measures) itself there."""
-    return not (cfg.deepspeed.zero_stage == 0 and cfg.deepspeed.precision == "fp32")
+    return not (ds.zero_stage == 0 and ds.precision == "fp32")
 
 
-def build_ds_config(cfg: TrainConfig, plan: RunPlan, n_params: int | None = None) -> dict[str, Any]:
-    """The DeepSpeed config dict for this run. ``n_params`` sizes the communication buckets: DeepSpeed's
-    default (5e8 elements, 2 GB in fp32) is allocated again at every micro-batch, which dominates the
-    step time of small models."""
-    ds = cfg.deepspeed
+def build_ds_config(ds: DeepSpeedConfig, batch: BatchSizes, grad_clip: float, n_params: int | None = None,
+                    source: str | None = None) -> dict[str, Any]:
+    """The DeepSpeed config dict of a run with the ``deepspeed`` section ``ds``, the batch sizes ``batch`` and the
+    gradient-clipping norm ``grad_clip`` (0: none). ``n_params`` sizes the communication buckets: DeepSpeed's
+    default (5e8 elements, 2 GB in fp32) is allocated again at every micro-batch, which dominates the step time
+    of small models. ``source``: the config file, for the message of a batch override that disagrees."""
     zero: dict[str, Any] = {"stage": ds.zero_stage}
     bucket = min(500_000_000, -(-int(n_params or 5e8) // 2**20) * 2**20)  # whole MiB-elements (alignment)
     if ds.zero_stage >= 1:
@@ -55,10 +71,10 @@ def build_ds_config(cfg: TrainConfig, plan: RunPlan, n_params: int | None = None
         zero.pop("allgather_bucket_size")
 
     out: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.grad_accum,
-        "train_batch_size": plan.global_batch,
-        "gradient_clipping": cfg.optim.grad_clip if clips_in_deepspeed(cfg) else 0.0,
+        "train_micro_batch_size_per_gpu": batch.micro_batch,
+        "gradient_accumulation_steps": batch.grad_accum,
+        "train_batch_size": batch.global_batch,
+        "gradient_clipping": grad_clip if clips_in_deepspeed(ds) else 0.0,
         "zero_optimization": zero,
         # Our AdamW subclass (vetoable step) is not on ZeRO's list of tested optimizers.
         "zero_allow_untested_optimizer": True,
@@ -76,9 +92,9 @@ def build_ds_config(cfg: TrainConfig, plan: RunPlan, n_params: int | None = None
             out["data_types"] = {"grad_accum_dtype": "fp32"}
     # Activation checkpointing is the model's own per-pass checkpointing (the trainer switches it on);
     # DeepSpeed's activation_checkpointing section only configures its Megatron-style API, which we don't use.
-    if problems := batch_override_problems(ds.overrides or {}, plan):
-        raise TrainConfigError(problems, getattr(cfg, "source", None))
+    if problems := batch_override_problems(ds.overrides or {}, batch):
+        raise TrainConfigError(problems, source)
     return _deep_merge(out, ds.overrides or {})
 
 
-__all__ = ["build_ds_config", "clips_in_deepspeed"]
+__all__ = ["BatchSizes", "build_ds_config", "clips_in_deepspeed"]

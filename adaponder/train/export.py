@@ -73,6 +73,25 @@ class ExportError(RuntimeError):
     """The output folder cannot be written as asked (not empty without ``overwrite``, holds the checkpoint...)."""
 
 
+def export_engine(engine, zero3: bool, rank: int, out_dir: Path, tokenizer_path: str | None,
+                  extra: dict[str, Any]) -> None:
+    """Collective. The Hugging Face export of a live engine's weights (gathered from the ZeRO-3 shards when
+    ``zero3``), written by rank 0 atomically over an earlier one (:func:`write_atomically`)."""
+    import torch.distributed as dist
+
+    from . import metrics as M
+
+    if zero3:
+        sd = engine._zero3_consolidated_16bit_state_dict()
+    else:
+        sd = {k: v.detach().cpu() for k, v in engine.module.state_dict().items()} if rank == 0 else None
+    if rank == 0:
+        write_atomically(out_dir, lambda tmp: save_hf(engine.module, sd, tmp, tokenizer_path, extra), overwrite=True)
+        M.write_console(f"exported Hugging Face checkpoint: {out_dir}")
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def state_dict_from_checkpoint(tag_dir: str | Path, verify: bool = True) -> dict[str, torch.Tensor]:
     """fp32 weights of a training checkpoint folder (``stepNNNNNNNN``), consolidated from ZeRO shards.
 
@@ -134,7 +153,7 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
     ``out_dir`` (empty, or any with ``overwrite``) is first renamed aside to ``.NAME.old-<pid>`` and deleted
     only once the new folder is in place; a failure while writing leaves ``out_dir`` as it was. When ``out_dir``
     is a symbolic link, all of this happens beside its target, so the link keeps pointing at the new folder."""
-    from .checkpoint import _fsync_dir
+    from .checkpoint import fsync_dir
 
     out = check_output_dir(out_dir, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +180,7 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
             if moved:
                 os.replace(old, out)  # put the previous folder back
             raise
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(old, ignore_errors=True)
@@ -196,5 +215,5 @@ def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp
     return write_atomically(out_dir, lambda tmp: save_hf(model, None, tmp, state.get("tokenizer"), extra), overwrite)
 
 
-__all__ = ["save_hf", "save_tokenizer", "state_dict_from_checkpoint", "export_checkpoint", "ExportError",
-           "check_output_dir", "write_atomically"]
+__all__ = ["export_engine", "save_hf", "save_tokenizer", "state_dict_from_checkpoint", "export_checkpoint",
+           "ExportError", "check_output_dir", "write_atomically"]

@@ -79,4 +79,25 @@ def resolve_peak(configured: float | None, device: torch.device, precision: str)
     return None, f"no known peak for device type {device.type}: set logging.peak_flops for MFU"
 
 
-__all__ = ["CUDA_PEAKS", "cuda_peak", "measure_cpu_peak", "resolve_peak"]
+def agreed_peak(configured: float | None, device: torch.device, precision: str, rank: int,
+                world_size: int) -> float | None:
+    """Collective: :func:`resolve_peak` on every rank; a CPU peak is measured by every rank at once (as they will
+    train together) and averaged. Rank 0 says which peak MFU uses."""
+    import torch.distributed as dist
+
+    from . import metrics as M
+
+    together = configured is None and device.type == "cpu" and dist.is_initialized() and world_size > 1
+    if together:
+        dist.barrier()
+    peak, how = resolve_peak(configured, device, precision)
+    if together:
+        t = torch.tensor([peak], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        peak = float(t) / world_size
+    if rank == 0:
+        M.write_console(f"MFU peak: {f'{peak:.3e} FLOP/s per device' if peak else 'none'} ({how})")
+    return peak
+
+
+__all__ = ["CUDA_PEAKS", "agreed_peak", "cuda_peak", "measure_cpu_peak", "resolve_peak"]

@@ -147,3 +147,25 @@ def console_report(summary: dict[str, Any]) -> str:
 
 if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently
     raise SystemExit("this module has no command line: run `adaponder-train-report` (or `python -m adaponder.cli.train_report`)")
+
+
+def append_gate_section(out_dir: Path, gate_warmup: str) -> None:
+    """Append the per-gate curves (``gates.png``) and the collapse alarms a run raised (its ``metrics.jsonl``)
+    to its ``report.md``."""
+    import json
+
+    from .gate_watch import gate_curves_png
+
+    path = out_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
+        if path.is_file() else []
+    png = gate_curves_png(records, out_dir / "gates.png", f"Gates during training (warm-up: {gate_warmup})")
+    alarms = [r for r in records if r.get("kind") == "event" and r.get("event") in ("gate_collapse", "dead_pass")]
+    lines = ["", "## Gates", ""]
+    lines += [f"- **alarm** (step {a['step']}): {a['message']}" for a in alarms] or \
+        ["No collapse alarm: every gate stayed above τ before the ponder loss started, and every pass ran for at "
+         "least 1 % of the tokens."]
+    if png is not None:
+        lines += ["", f"![per-gate median value and active share]({png.name})", ""]
+    with open(out_dir / "report.md", "a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")

@@ -9,13 +9,15 @@ and the new value) or honours it and says so.
   included, so a new ``optim.weight_decay``, ``optim.betas`` or ``optim.eps`` would be written into
   ``config.yaml`` while the old one kept running. Such a change is refused unless ``train.allow_optim_change``;
   allowed, the new values are put into the parameter groups after the load (:func:`apply_optimizer_values`).
-  (``optim.lr`` and the schedule keys: ``Trainer._check_schedule``.)
+  (``optim.lr`` and the schedule keys: :func:`check_schedule`.) Fine-tuning's ``train.lr``,
+  ``train.lambda_lr`` and ``train.weight_decay`` are checked the same way (:class:`OptimizerValues`).
 * Everything else a run reads from its configuration at every step (logging, evaluation, checkpoint interval,
   gradient clipping...) simply takes the new value; :func:`setting_changes` lists them for the log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,23 +80,70 @@ def apply_optimizer_values(param_groups: list[dict[str, Any]], optim: Any) -> No
         group["eps"] = float(optim.eps)
 
 
-def reconcile_optimizer(resume_dir: Path, param_groups: list[dict[str, Any]], optim: Any, allow: bool) -> list[str]:
+@dataclass(frozen=True)
+class OptimizerValues:
+    """A run's optimizer hyper-parameters by config key: ``held(groups)`` reads what parameter groups hold (by
+    key; a key a run does not use may be left out), ``apply(groups)`` puts the configured values into them."""
+
+    keys: tuple[str, ...]
+    held: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    apply: Callable[[list[dict[str, Any]]], None]
+
+
+def pretraining_values(optim: Any) -> OptimizerValues:
+    """The pretraining optimizer's values (``optim``: the ``optim`` section; the learning rate follows the
+    schedule, which has its own check)."""
+    return OptimizerValues(OPTIM_KEYS, _held, lambda groups: apply_optimizer_values(groups, optim))
+
+
+_GROUP_FIELDS = ("lr", "weight_decay", "betas", "eps")
+
+
+def reconcile_optimizer(resume_dir: Path, param_groups: list[dict[str, Any]], values: OptimizerValues,
+                        allow: bool) -> list[str]:
     """After the checkpoint's optimizer state is loaded (DeepSpeed restores the parameter groups' hyper-parameters
-    with it): the changes ``key old → new`` from what the groups hold to ``optim``'s values, which the groups then
-    hold. A change is refused (:class:`CheckpointError` naming old and new values) unless ``allow``. Comparing the
-    restored groups covers checkpoints from before any record too."""
-    before = _held(param_groups)
-    restored = [{k: g.get(k) for k in ("weight_decay", "betas", "eps")} for g in param_groups]
-    apply_optimizer_values(param_groups, optim)
-    after = _held(param_groups)
-    changes = [f"{key} {_fmt(before[key])} → {_fmt(after[key])}" for key in OPTIM_KEYS if before[key] != after[key]]
+    with it): the changes ``key old → new`` from what the groups hold to the configured ``values``, which the groups
+    then hold. A change is refused (:class:`CheckpointError` naming old and new values) unless ``allow``. Comparing
+    the restored groups covers checkpoints from before any record too."""
+    before = values.held(param_groups)
+    restored = [{k: g[k] for k in _GROUP_FIELDS if k in g} for g in param_groups]
+    values.apply(param_groups)
+    after = values.held(param_groups)
+    changes = [f"{key} {_fmt(before[key])} → {_fmt(after[key])}" for key in values.keys
+               if key in before and before[key] != after.get(key)]
     if changes and not allow:
-        for group, values in zip(param_groups, restored):
-            group.update(values)
+        for group, held in zip(param_groups, restored):
+            group.update(held)
         raise CheckpointError(
             f"cannot resume from {resume_dir}: the optimizer's hyper-parameters would change ({'; '.join(changes)}). "
             "The checkpoint's optimizer state carries the old values; resume with them, or pass --set "
             "train.allow_optim_change=true to apply the new ones from this step")
+    return changes
+
+
+# -- the schedules ----------------------------------------------------------------------------------------
+_STEP_KEYS = ("train.steps", "optim.warmup", "schedule.s0", "schedule.s1", "init.gates_only_tokens")
+
+
+def check_schedule(resume_dir: Path, state: dict[str, Any], now: dict[str, Any], allow: bool) -> list[str]:
+    """A resume that would silently rebuild the schedules (another ``train.steps``, warm-up, decay...; ``now``: the
+    schedule record of this run by config key) is an error unless ``allow`` (``train.allow_schedule_change``);
+    returns the changes it allows, one line each."""
+    saved = state.get("lr_schedule")
+    if saved is None:  # checkpoints before the record: what their plan and schedule hold
+        plan, sch = state.get("plan", {}), state.get("schedule", {})
+        saved = {"train.steps": plan.get("total_steps"), "optim.warmup": plan.get("warmup_steps"),
+                 "schedule.s0": plan.get("s0"), "schedule.s1": plan.get("s1"), "schedule.k_max": sch.get("k_max"),
+                 "schedule.ponder_weight": sch.get("ponder_weight"),
+                 "init.gates_only_tokens": sch.get("gates_only_steps")}
+    changes = [f"{key}{' (steps)' if key in _STEP_KEYS else ''}: {saved[key]} in the checkpoint, {value} now"
+               for key, value in now.items() if saved.get(key) is not None and saved[key] != value]
+    if changes and not allow:
+        raise CheckpointError(
+            f"cannot resume from {resume_dir}: the schedule would change ({'; '.join(changes)}). The "
+            "learning-rate and ponder-loss schedules follow from these keys, so resuming would silently rebuild "
+            "them mid-run. Resume with the checkpoint's values, or pass --set train.allow_schedule_change=true "
+            "to continue on the new schedule from this step")
     return changes
 
 
@@ -163,5 +212,6 @@ def log_review(log: Any, step: int, review: ResumeReview) -> None:
             f"resumed with changed settings: {line}")
 
 
-__all__ = ["OPTIM_KEYS", "ResumeReview", "apply_optimizer_values", "check_data", "data_changes", "log_review",
-           "reconcile_optimizer", "review_resume", "setting_changes"]
+__all__ = ["OPTIM_KEYS", "OptimizerValues", "ResumeReview", "apply_optimizer_values", "check_data", "check_schedule",
+           "data_changes", "log_review", "pretraining_values", "reconcile_optimizer", "review_resume",
+           "setting_changes"]

@@ -14,13 +14,13 @@ One optimizer step:
 
 Stopping: SIGTERM/SIGINT on any rank, or the death of a launcher process above a rank (the ``deepspeed``
 runner signalled alone would otherwise orphan the ranks), sets the stop flag of step 3; every rank then saves
-the checkpoint together and exits with 128+signal. The process group and the engine are :mod:`.distributed`'s, the
-signal handlers, launcher watch and exit codes :mod:`.stopping`'s.
+the checkpoint together and exits with 128+signal. The set-up, the step loop, checkpoints, stops and shutdown are the
+run harness's (:mod:`.harness`, shared with fine-tuning); the signal handlers, launcher watch and exit codes
+:mod:`.stopping`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -32,28 +32,23 @@ import torch
 import torch.distributed as dist
 
 from adaponder.errors import OutputError, writing
-from adaponder.seeding import seed_everything
 
 from . import metrics as M
-from .checkpoint import (CheckpointError, CheckpointManager, SimulatedCrash, find_resume, has_checkpoint,
-                         read_latest, rng_state, set_rng_state, validate)
+from .checkpoint import CheckpointError, read_latest
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
-from .distributed import broadcast_error, create_engine, deal, destroy_at_exit, init_distributed, lock_on_rank0
+from .distributed import deal
 from .finite_weights import module_weights_problem
-from .ds_config import build_ds_config, clips_in_deepspeed
+from .ds_config import clips_in_deepspeed
+from .harness import RunHarness
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
-from .resume_checks import log_review, reconcile_optimizer, review_resume
-from .report import compute_saved, console_report, eval_batch, eval_summary, eval_vector, write_report
-from .gate_watch import GateWatch, gate_curves_png, gate_stats
+from .resume_checks import OptimizerValues, check_schedule, pretraining_values
+from .peak import agreed_peak
+from .pretraining_inputs import build_pretraining_model, prepare_data
+from .report import (append_gate_section, compute_saved, console_report, eval_batch, eval_summary, eval_vector,
+                     write_report)
+from .gate_watch import GateWatch, gate_stats
 from .schedule import gate_warmup, learning_rate, ponder_schedule, stage
-from .stopping import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped, install_stop_signals,
-                       restore_signals, saved_and_stopped, stop_at_step)
-
-
-# Model-config fields that a checkpoint and the resuming run must agree on.
-_STRUCTURAL = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-               "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale", "embedding_multiplier",
-               "use_parallel_residual", "tie_word_embeddings", "max_position_embeddings")
+from .stopping import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped
 
 
 def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -72,19 +67,27 @@ def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
 
 
 # -- the trainer -----------------------------------------------------------------------------------------
-class Trainer:
-    def __init__(self, cfg: TrainConfig, resume: str | None = None):
-        self.cfg = cfg
-        self.resume_arg = resume
-        self.stop_signal: int | None = None  # a signal this rank received
-        self.launcher_gone = False  # a launcher process above this rank is gone (stops as on SIGTERM)
+class Trainer(RunHarness):
+    """Pretraining on the run harness (:class:`~.harness.RunHarness`): the hooks below build the data, the model
+    and the engine, take one optimizer step and say what a checkpoint records."""
 
-    # ---- setup ----------------------------------------------------------------------------------------
-    def setup(self) -> None:
+    structural_keys = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale",
+                       "embedding_multiplier", "use_parallel_residual", "tie_word_embeddings",
+                       "max_position_embeddings")
+    other_folder_hint = "set another train.out_dir / checkpoint.dir"
+
+    def __init__(self, cfg: TrainConfig, resume: str | None = None):
+        super().__init__(resume)
+        self.cfg = cfg
+        self.schedule_changes: list[str] = []  # allowed by train.allow_schedule_change on resume
+
+    # ---- set-up hooks ---------------------------------------------------------------------------------
+    def run_folders(self) -> tuple[Path, Path]:
+        return self.cfg.out_dir, self.cfg.checkpoint_dir
+
+    def prepare(self) -> None:
         cfg = self.cfg
-        self.rank, self.local_rank, self.world_size = init_distributed()
-        # One job per run folder, held until the process exits: a second one stops here, before reading anything.
-        self.run_lock = lock_on_rank0(cfg.out_dir, self.rank)
         from deepspeed.accelerator import get_accelerator
 
         self.device = torch.device(get_accelerator().device_name(self.local_rank)
@@ -95,163 +98,61 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.plan: RunPlan = plan_run(cfg, self.world_size)
-        self.ckpt_dir = cfg.checkpoint_dir
+        self.total_steps = self.plan.total_steps
 
-        # Resume target first: a fresh run never writes into a folder that holds checkpoints.
-        # (auto: the newest intact checkpoint, every file's SHA-256 checked; a damaged one is named and skipped)
-        self.resume_dir, files_verified = find_resume(
-            self.resume_arg, self.ckpt_dir, notify=lambda line: self.rank == 0 and M.write_console(line))
-        if self.resume_dir is None and self.resume_arg in (None, "none") and has_checkpoint(self.ckpt_dir):
-            raise CheckpointError(
-                f"{self.ckpt_dir} already holds checkpoints (latest: {read_latest(self.ckpt_dir)}); "
-                "continue with --resume auto, or set another train.out_dir / checkpoint.dir")
-
-        self._setup_data()
-        self._setup_model()
+    def data_record(self) -> dict[str, Any]:
         from adaponder.data.fingerprint import data_identity
 
-        self.data_identity = data_identity(cfg.data, with_validation=bool(cfg.eval.every or cfg.eval.at_end))
-        self.compat = self._compat()
-        self.resume_state = (validate(self.resume_dir, self.compat, check_files=not files_verified)
-                             if self.resume_dir is not None else None)
-        saved = (self.resume_state or {}).get("compat", {})
+        cfg = self.cfg
+        return data_identity(cfg.data, with_validation=bool(cfg.eval.every or cfg.eval.at_end))
+
+    def check_task_resume(self) -> None:
+        saved = self.resume_state.get("compat", {})
         if "global_batch" not in saved and "grad_accum" in saved:  # (recorded before global_batch was)
             old_batch = saved["world_size"] * saved["micro_batch"] * saved["grad_accum"]
             if old_batch != self.plan.global_batch:
                 raise CheckpointError(f"cannot resume from {self.resume_dir}: global_batch is {old_batch} in the "
                                       f"checkpoint but {self.plan.global_batch} in this run")
-        self.schedule_changes = self._check_schedule()
-        self.review = review_resume(cfg, self.resume_dir, self.resume_state, self.data_identity,
-                                    reported=set(self._schedule_record()))
-        # A checkpoint of another number of ranks: ZeRO 1-3 partition the optimizer state by rank, so it is loaded
-        # through DeepSpeed's universal checkpoint (converted at load, CheckpointManager.load_engine).
-        self.saved_world_size = int((self.resume_state or {}).get("world_size", self.world_size))
-        self.reshard = self.saved_world_size != self.world_size and cfg.deepspeed.zero_stage >= 1
-        if self.reshard:
-            self.ds_config.setdefault("checkpoint", {})["load_universal"] = True
-        self._setup_engine()
-        self.ckpt = CheckpointManager(self.ckpt_dir, cfg.checkpoint.keep, self.rank, self.world_size)
+        self.schedule_changes = check_schedule(self.resume_dir, self.resume_state, self._schedule_record(),
+                                               self.cfg.train.allow_schedule_change)
 
-        self.step = 0
-        self._last_saved, self._last_saved_path = None, None
+    def reported_keys(self) -> set[str]:
+        return set(self._schedule_record())
+
+    def optimizer_values(self) -> OptimizerValues:
+        return pretraining_values(self.cfg.optim)
+
+    def init_counters(self) -> None:
         self.tokens_seen = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
         self._skipped_window = 0  # skipped steps since the last train record
         self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
-        if self.resume_dir is not None:
-            self._load(self.resume_dir)
-            self.review.optimizer = reconcile_optimizer(self.resume_dir, self.opt.param_groups, cfg.optim,
-                                                        cfg.train.allow_optim_change)
-        else:
-            seed_everything(cfg.train.seed + self.rank)
 
-        out = cfg.out_dir
-        if self.rank == 0:
-            with writing(out, "the run's configuration into"):
-                out.mkdir(parents=True, exist_ok=True)
-                (out / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-                (out / "ds_config.json").write_text(json.dumps(self.ds_config, indent=2), encoding="utf-8")
-        run_info = {**cfg.to_dict(), "plan": vars(self.plan)}
-        self.sink = M.MetricsSink(out, cfg.logging, self.rank, self.step if self.resume_dir else None, run_info)
-        log_review(self.sink.log, self.step, self.review)
+    def run_info(self) -> dict[str, Any]:
+        return {**self.cfg.to_dict(), "plan": vars(self.plan)}
+
+    def after_setup(self) -> None:
         if self.schedule_changes:
             changes = "; ".join(self.schedule_changes)
             self.sink.log({"kind": "event", "step": self.step, "event": "schedule_changed", "changes": changes},
                           f"schedule changed on resume (train.allow_schedule_change): {changes}; the learning-rate "
                           f"and ponder-loss schedules are rebuilt from step {self.step}")
         flops = self.model.flops_per_token(None, context=self.plan.seq_len, training=True)["total"]
-        self.throughput = M.Throughput(flops, self._peak_flops(), self.world_size,
+        peak = agreed_peak(self.cfg.logging.peak_flops, self.device, self.cfg.deepspeed.precision, self.rank,
+                           self.world_size)
+        self.throughput = M.Throughput(flops, peak, self.world_size,
                                        warn=lambda line: self.rank == 0 and M.write_console(line))
-        self._install_signals()
 
-    def _peak_flops(self) -> float | None:
-        """Peak FLOP/s per device for MFU: logging.peak_flops, the CUDA table, or measured on the CPU (every rank
-        at once, averaged; see :mod:`.peak`)."""
-        from .peak import resolve_peak
-
-        measure = self.cfg.logging.peak_flops is None and self.device.type == "cpu"
-        if measure and dist.is_initialized() and self.world_size > 1:
-            dist.barrier()  # ranks measure together, as they will train together
-        peak, how = resolve_peak(self.cfg.logging.peak_flops, self.device, self.cfg.deepspeed.precision)
-        if measure and dist.is_initialized() and self.world_size > 1:
-            t = torch.tensor([peak], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            peak = float(t) / self.world_size
-        if self.rank == 0:
-            M.write_console(f"MFU peak: {f'{peak:.3e} FLOP/s per device' if peak else 'none'} ({how})")
-        return peak
-
-    def _setup_data(self) -> None:
-        cfg = self.cfg
-        from adaponder.data.errors import DataError
+    def build_data(self) -> None:
         from adaponder.data.tokenizer import load_tokenizer
-        from adaponder.data.training_source import tokenizer_path as run_tokenizer
 
-        path = Path(cfg.data.path)
-        if cfg.data.prepare and not (path / "meta.json").is_file():
-            err = None
-            if self.rank == 0:
-                try:
-                    from adaponder.data import bundled_corpus_dir
-                    from adaponder.data.prepare import prepare
+        self.tokenizer_path = prepare_data(self.cfg, self.rank)
+        self.tokenizer = load_tokenizer(self.tokenizer_path)
 
-                    inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
-                    # Tokenizing takes minutes before the first step: say what and where, then show the bar.
-                    M.write_console(f"preparing data.prepare {cfg.data.prepare} into {path} (tokenizing; done once, "
-                                    "reused by later runs)")
-                    tokenizer = None if cfg.data.train_tokenizer else run_tokenizer(cfg.data, cfg.init.backbone)
-                    prepare(inputs, path, tokenizer=tokenizer, text_field=cfg.data.text_field,
-                            val_fraction=cfg.data.val_fraction, num_workers=cfg.data.prepare_workers,
-                            progress=cfg.logging.progress_bar, train_tokenizer=cfg.data.train_tokenizer)
-                except (DataError, ValueError) as e:
-                    err = f"preparing data.prepare into {path}: {e}"
-            err = broadcast_error(err)
-            if err:
-                raise DataError(err)
-        # data.tokenizer, the one next to the shards, a local backbone's, or the bundled one
-        tokenizer_path = run_tokenizer(cfg.data, cfg.init.backbone)
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.tokenizer_path = tokenizer_path
-
-    def _setup_model(self) -> None:
+    def build_model(self) -> None:
         cfg = self.cfg
-        from adaponder.modeling import AdaPonderConfigError, AdaPonderForCausalLM
-
-        if cfg.init.backbone:  # continued pretraining (A14): backbone weights from a checkpoint, fresh gates
-            mode, overrides = cfg.model_overrides()
-            torch.manual_seed(cfg.train.seed)
-            try:
-                from adaponder.hub import is_hub_id, resolve_pretrained  # a local folder, or a hub id via the HF cache
-
-                revision = cfg.init.revision if is_hub_id(cfg.init.backbone) else None
-                if cfg.init.revision and revision is None and self.rank == 0:
-                    M.write_console(f"init.revision {cfg.init.revision} applies to hub ids; {cfg.init.backbone} is a "
-                                    "local folder, used as it is")
-                source = resolve_pretrained(cfg.init.backbone, revision)
-                model = AdaPonderForCausalLM.from_backbone(str(source), mode=mode, **overrides)
-            except (OSError, ValueError, TypeError) as err:
-                if isinstance(err, AdaPonderConfigError):
-                    raise
-                raise TrainConfigError([f"init.backbone: cannot load {cfg.init.backbone}: {err}"], cfg.source) from None
-            self.ds_config = build_ds_config(cfg, self.plan, sum(p.numel() for p in model.parameters()))
-        else:
-            config = cfg.model_config()
-            with torch.device("meta"):
-                n_params = sum(p.numel() for p in AdaPonderForCausalLM(config).parameters())
-            self.ds_config = build_ds_config(cfg, self.plan, n_params)
-            torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank (DeepSpeed also broadcasts)
-            if cfg.deepspeed.zero_stage == 3:
-                # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
-                from transformers.integrations import HfDeepSpeedConfig
-
-                hf_ds = HfDeepSpeedConfig(self.ds_config)  # noqa: F841  (must stay alive while constructing)
-                model = AdaPonderForCausalLM._from_config(config)
-                del hf_ds
-            else:
-                model = AdaPonderForCausalLM(config)
-        if cfg.deepspeed.activation_checkpointing:
-            model.gradient_checkpointing_enable()
+        model, self.ds_config = build_pretraining_model(cfg, self.plan, self.rank)
         self.model = model
         self.k_passes = model.config.num_passes
         self.gated = bool(model.config.gated)
@@ -268,10 +169,9 @@ class Trainer:
                                     world_size=1, tokenizer=self.tokenizer,
                                     vocab_size=model.config.vocab_size, max_batches=1), None)
 
-    def _compat(self) -> dict[str, Any]:
-        c = self.model.config
+    def compatibility(self) -> dict[str, Any]:
         return {
-            "model": {k: getattr(c, k, None) for k in _STRUCTURAL},
+            "model": self.model_compat(),
             "seq_len": self.plan.seq_len,
             # (the number of ranks, micro-batch and accumulation may change: the data order depends on the
             # global batch only; checkpoints before that recorded world_size, micro_batch, grad_accum instead)
@@ -283,7 +183,7 @@ class Trainer:
             "train_samples": self.loader.num_samples,
         }
 
-    def _setup_engine(self) -> None:
+    def build_engine(self) -> None:
         cfg = self.cfg
         groups = param_groups(self.model, cfg.optim.weight_decay)
         kw = dict(lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
@@ -291,7 +191,6 @@ class Trainer:
             opt = guarded_cpu_adam(groups, **kw)
         else:
             opt = GuardedAdamW(groups, **kw)
-        self.opt = opt
         if self.plan.gates_only_steps > 0:
             # A14: while the backbone is frozen its gradients are zeroed on arrival, so clipping sees only
             # the gates, and the guard leaves its parameter groups (and their Adam state) untouched.
@@ -299,8 +198,7 @@ class Trainer:
             for name, p in self.model.named_parameters():
                 if not name.startswith("gates."):
                     p.register_hook(lambda g: torch.zeros_like(g) if self._backbone_frozen else g)
-        self.engine = engine = create_engine(self.model, opt, self.ds_config)
-        self.model = engine.module
+        self.start_engine(opt, self.ds_config)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def _schedule_record(self) -> dict[str, Any]:
@@ -312,31 +210,7 @@ class Trainer:
                 "schedule.ponder_weight": cfg.schedule.ponder_weight, "init.gates_only_tokens": plan.gates_only_steps,
                 "schedule.gate_warmup": cfg.schedule.gate_warmup, "schedule.gate_floor": cfg.schedule.gate_floor}
 
-    def _check_schedule(self) -> list[str]:
-        """A resume that would silently rebuild the schedules (another ``train.steps``, warm-up, decay...) is an
-        error unless ``train.allow_schedule_change``; returns the changes it allows, one line each."""
-        st = self.resume_state
-        if st is None:
-            return []
-        saved = st.get("lr_schedule")
-        if saved is None:  # checkpoints before the record: what their plan and schedule hold
-            plan, sch = st.get("plan", {}), st.get("schedule", {})
-            saved = {"train.steps": plan.get("total_steps"), "optim.warmup": plan.get("warmup_steps"),
-                     "schedule.s0": plan.get("s0"), "schedule.s1": plan.get("s1"), "schedule.k_max": sch.get("k_max"),
-                     "schedule.ponder_weight": sch.get("ponder_weight"),
-                     "init.gates_only_tokens": sch.get("gates_only_steps")}
-        steps = ("train.steps", "optim.warmup", "schedule.s0", "schedule.s1", "init.gates_only_tokens")
-        changes = [f"{key}{' (steps)' if key in steps else ''}: {saved[key]} in the checkpoint, {now} now"
-                   for key, now in self._schedule_record().items() if saved.get(key) is not None and saved[key] != now]
-        if changes and not self.cfg.train.allow_schedule_change:
-            raise CheckpointError(
-                f"cannot resume from {self.resume_dir}: the schedule would change ({'; '.join(changes)}). The "
-                "learning-rate and ponder-loss schedules follow from these keys, so resuming would silently rebuild "
-                "them mid-run. Resume with the checkpoint's values, or pass --set train.allow_schedule_change=true "
-                "to continue on the new schedule from this step")
-        return changes
-
-    def _trainer_state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "consecutive_skips": self.consecutive_skips,
                 "skipped_total": self.skipped_total, "compat": self.compat, "plan": vars(self.plan),
                 "gate_watch": self.gate_watch.state_dict(),
@@ -347,80 +221,25 @@ class Trainer:
                              "ponder_weight": self.cfg.schedule.ponder_weight,
                              "gates_only_steps": self.plan.gates_only_steps}}
 
-    def save(self) -> Path:
-        if getattr(self, "_last_saved", None) == self.step and self._last_saved_path is not None:
-            return self._last_saved_path  # nothing new since (e.g. a signal right after a resume)
-        crash = self.cfg.debug.crash_in_save_at is not None and self.step == self.cfg.debug.crash_in_save_at
-        rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(), "step": self.step}
-        try:
-            path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self._trainer_state(),
-                                  model_config=self.model.config.to_dict(), crash=crash)
-        except CheckpointError as err:
-            with contextlib.suppress(OutputError):  # (the same full disk may refuse the event too)
-                self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint_failed", "message": str(err),
-                               "stopping": self.stopping})
-            raise
-        self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
-                      f"checkpoint saved: {path}")
-        self._last_saved, self._last_saved_path = self.step, path
-        return path
+    def rank_state(self) -> dict[str, Any]:
+        return {"loader": self.loader.state_dict()}
 
-    def _load(self, tag_dir: Path) -> None:
-        st = self.resume_state
+    def restore_rank_state(self, rank_state: dict[str, Any], tag_dir: Path) -> None:
         # The loader state is the position in the global sample stream (the same on every rank and for any
-        # number of ranks), so a rank that the checkpoint has no file for reads rank 0's; checked before the
-        # (possibly long) re-sharding.
-        rank_state, own = self.ckpt.read_rank_state(tag_dir, self.saved_world_size)
+        # number of ranks), so a rank that the checkpoint has no file for can read rank 0's.
         try:
             self.loader.load_state_dict(rank_state["loader"])
         except Exception as err:
             raise CheckpointError(f"{tag_dir}: data-loader state does not fit ({err})") from None
-        if self.reshard and self.rank == 0:
-            M.write_console(f"{tag_dir} was written by {self.saved_world_size} rank(s), this run has "
-                            f"{self.world_size}: re-sharding the ZeRO-{self.cfg.deepspeed.zero_stage} optimizer state "
-                            "through DeepSpeed's universal checkpoint")
-        self.ckpt.load_engine(self.engine, tag_dir, universal=self.reshard)
-        bad_weights = module_weights_problem(self.engine.module)  # (ZeRO-3 files are not read before the load)
-        if bad_weights:
-            raise CheckpointError(f"cannot resume from {tag_dir}: its weights are not all finite ({bad_weights})")
-        self.step = int(st["step"])
+
+    def restore_state(self, st: dict[str, Any]) -> None:
         self.tokens_seen = int(st.get("tokens_seen", 0))
         self.consecutive_skips = int(st.get("consecutive_skips", 0))
         self.skipped_total = int(st.get("skipped_total", 0))
         self.gate_watch.load_state_dict(st.get("gate_watch", {}))
-        if own:
-            set_rng_state(rank_state["rng"])
-        else:  # a rank the checkpoint has no RNG state for: its own stream, from (seed, rank, step)
-            seed_everything(self.cfg.train.seed + self.rank + 1_000_003 * self.step)
-        self._last_saved, self._last_saved_path = self.step, tag_dir
-        if self.rank == 0:
-            M.write_console(f"resumed from {tag_dir} at step {self.step} ({self.tokens_seen:,} tokens seen)")
 
-    # ---- signals --------------------------------------------------------------------------------------
-    def _install_signals(self) -> None:
-        self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone)
-
-    def _on_signal(self, signum: int) -> None:
-        if self.stop_signal is None:  # the first one names the stop (Ctrl-C also makes the launcher send SIGTERM)
-            self.stop_signal = signum
-
-    def _on_launcher_gone(self) -> None:
-        self.launcher_gone = True
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop_signal is not None or self.launcher_gone
-
-    def _restore_signals(self) -> None:
-        old = getattr(self, "_old_handlers", None)
-        if old is None:
-            return
-        if not self.stopping:
-            restore_signals(old)
-        elif old.watch is not None:
-            # Exiting with 128+signal: our handlers stay, so that a launcher's follow-up SIGTERM (deepspeed's
-            # launch.py signals the other ranks as soon as one has exited) cannot turn that exit into a kill.
-            old.watch.stop()
+    def resumed_note(self) -> str:
+        return f" ({self.tokens_seen:,} tokens seen)"
 
     # ---- one optimizer step ---------------------------------------------------------------------------
     def _set_stage(self, step: int, gates_bypassed: bool = False) -> str:
@@ -447,7 +266,6 @@ class Trainer:
                          tau=self.model.config.halting_threshold) if self.gated else None
         st = self._set_stage(step, gates_bypassed=gw is not None and gw.bypass)
         warmup_kw = {} if gw is None else {"gate_warmup": gw}
-        inject = step + 1 in cfg.debug.nonfinite_steps and cfg.debug.nonfinite_rank in (None, self.rank)
 
         vec = M.stats_vector(self.k_passes, self.device)
         t0 = time.perf_counter()
@@ -459,8 +277,6 @@ class Trainer:
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
                          **warmup_kw)
             loss, lm, pl = training_loss(out, ps)
-            if inject:
-                loss = loss * float("nan")
             M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
             engine.backward(loss)
             if micro < plan.grad_accum - 1:
@@ -473,7 +289,7 @@ class Trainer:
         self.opt.veto = nonfinite
         self.opt.last_skipped = False
         own_norm = None
-        if not clips_in_deepspeed(cfg) and not nonfinite:
+        if not clips_in_deepspeed(cfg.deepspeed) and not nonfinite:
             params = [p for p in self.model.parameters() if p.grad is not None]
             max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
             own_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -561,34 +377,34 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        cfg, plan = self.cfg, self.plan
         t_start = time.perf_counter()
         self._announce()
-        bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, plan.total_steps, self.step)
-        train_iter = iter(self.loader)
-        last: dict[str, Any] = {}
+        bar = M.progress_bar(self.rank == 0 and self.cfg.logging.progress_bar, self.plan.total_steps, self.step)
+        self._last_result: dict[str, Any] = {}
         try:
-            while self.step < plan.total_steps:
-                res = self.train_step(train_iter)
-                self.step += 1
-                self.tokens_seen += plan.tokens_per_step
-                if not self._count_skip(res):
-                    last = res
-                if bar is not None:
-                    bar.update(1)
-                    if not res["skipped"]:
-                        bar.set_postfix(loss=f"{res['loss']:.3f}", D=f"{res['mean_exit_pass']:.2f}", refresh=False)
-                if self.step % cfg.logging.every == 0 or self.step == plan.total_steps:
-                    self._log_train(res)
-                self._stop_if_asked(res)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < plan.total_steps:
-                    self._log_eval(self.evaluate(cfg.eval.max_batches))
-                if self.step % cfg.checkpoint.every == 0 and self.step < plan.total_steps:
-                    self.save()
+            self.run_steps(iter(self.loader), bar)
             M.close_progress_bar()
-            return self._finish(last, t_start)
+            return self._finish(self._last_result, t_start)
         finally:
             M.close_progress_bar()
+
+    def record_step(self, res: dict[str, Any], bar) -> None:
+        self.tokens_seen += self.plan.tokens_per_step
+        if not self._count_skip(res):
+            self._last_result = res
+        if bar is not None:
+            bar.update(1)
+            if not res["skipped"]:
+                bar.set_postfix(loss=f"{res['loss']:.3f}", D=f"{res['mean_exit_pass']:.2f}", refresh=False)
+        if self.step % self.cfg.logging.every == 0 or self.step == self.plan.total_steps:
+            self._log_train(res)
+
+    def after_step(self) -> None:
+        cfg, total = self.cfg, self.plan.total_steps
+        if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < total:
+            self._log_eval(self.evaluate(cfg.eval.max_batches))
+        if self.step % cfg.checkpoint.every == 0 and self.step < total:
+            self.save()
 
     def _announce(self) -> None:
         """Rank 0's first lines: what is trained, where, and on what schedule; whether it fits the GPU's memory."""
@@ -663,15 +479,6 @@ class Trainer:
             for alarm in self.gate_watch.observe(self.step, res.get("gate_median"), res["active_fraction"]):
                 self.sink.log({"kind": "event", **alarm}, f"WARNING: {alarm['message']}")
 
-    def _stop_if_asked(self, res: dict[str, Any]) -> None:
-        """On a signal (any rank) or a gone launcher: a checkpoint, then exit 128+signal; at ``train.stop_at``: a
-        checkpoint, then exit 0. Both raise :class:`TrainingStopped`."""
-        if res["stop"]:
-            raise saved_and_stopped(self.save(), self.step, self.stop_signal, res["launcher_gone"], self.sink.log)
-        stop_at = self.cfg.train.stop_at
-        if stop_at is not None and self.step == stop_at and self.step < self.plan.total_steps:
-            raise stop_at_step(self.save(), self.step, self.sink.log)
-
     def _finish(self, last: dict[str, Any], t_start: float) -> dict[str, Any]:
         """After the last step: the final validation, a checkpoint of the last step, the Hugging Face export, the
         report and ``summary.json``. A non-finite final validation loss fails the run (no export, no report)."""
@@ -704,7 +511,7 @@ class Trainer:
                 with writing(cfg.out_dir / "report.md", "the run report"):
                     write_report(cfg.out_dir, final_eval, title=f"Run report: {cfg.out_dir}", details=details)
                     if self.gated:
-                        self._report_gates()
+                        append_gate_section(cfg.out_dir, cfg.schedule.gate_warmup)
                 M.write_console(console_report(final_eval))
                 M.write_console(f"report: {cfg.out_dir / 'report.md'}")
             with writing(cfg.out_dir / "summary.json", "the run summary"):
@@ -712,57 +519,20 @@ class Trainer:
                                                           encoding="utf-8")
         return summary
 
-    def _report_gates(self) -> None:
-        """Append the per-gate curves (``gates.png``) and the collapse alarms raised in this run to ``report.md``."""
-        out = self.cfg.out_dir
-        path = out / "metrics.jsonl"
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
-            if path.is_file() else []
-        png = gate_curves_png(records, out / "gates.png", f"Gates during training (warm-up: {self.cfg.schedule.gate_warmup})")
-        alarms = [r for r in records if r.get("kind") == "event" and r.get("event") in ("gate_collapse", "dead_pass")]
-        lines = ["", "## Gates", ""]
-        lines += [f"- **alarm** (step {a['step']}): {a['message']}" for a in alarms] or \
-            ["No collapse alarm: every gate stayed above τ before the ponder loss started, and every pass ran for at "
-             "least 1 % of the tokens."]
-        if png is not None:
-            lines += ["", f"![per-gate median value and active share]({png.name})", ""]
-        with open(out / "report.md", "a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
-
     # ---- export ---------------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Collective. The full weights on rank 0 (gathered from ZeRO-3 shards when needed), None elsewhere."""
-        if self.cfg.deepspeed.zero_stage == 3:
-            sd = self.engine._zero3_consolidated_16bit_state_dict()
-            return sd if self.rank == 0 else None
-        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()} if self.rank == 0 else None
-
     def export_hf(self, out_dir: Path) -> Path:
         """Collective. The Hugging Face export of the run, written atomically over an earlier one (a temporary
         sibling folder renamed into place, :func:`.export.write_atomically`)."""
-        from .export import save_hf, write_atomically
+        from .export import export_engine
 
         bad_weights = module_weights_problem(self.engine.module)
         if bad_weights:  # every rank stops together, exit 3 as for a non-finite final validation loss
             raise TrainingStopped(f"stopping: the weights at step {self.step} are not all finite ({bad_weights}); no "
                                   f"Hugging Face export was written. The last checkpoint is {self._last_saved_path}",
                                   EXIT_NONFINITE)
-        sd = self.full_state_dict()
-        if self.rank == 0:
-            extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
-            write_atomically(out_dir, lambda tmp: save_hf(self.engine.module, sd, tmp, self.tokenizer_path, extra),
-                             overwrite=True)
-            M.write_console(f"exported Hugging Face checkpoint: {out_dir}")
-        if dist.is_initialized():
-            dist.barrier()
+        extra = {"step": self.step, "tokens_seen": self.tokens_seen, "config": self.cfg.to_dict()}
+        export_engine(self.engine, self.cfg.deepspeed.zero_stage == 3, self.rank, out_dir, self.tokenizer_path, extra)
         return out_dir
-
-    def close(self) -> None:
-        self._restore_signals()
-        if hasattr(self, "sink"):
-            self.sink.close()
-        if getattr(self, "run_lock", None) is not None:
-            self.run_lock.release()
 
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
@@ -772,35 +542,27 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
     from adaponder.modeling import AdaPonderConfigError
     from adaponder.run_lock import RunLockError
 
+    user_errors = (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError, OutputError)
     trainer = Trainer(cfg, resume)
     rank = int(os.environ.get("RANK", "0"))
-    every_rank_alike = False  # whether all ranks leave here the same way (then the process group is destroyed at exit)
     try:
-        trainer.setup()
-        rank = trainer.rank
-        trainer.fit()
-        every_rank_alike = True
+        # (stops are agreed between the ranks before anyone raises; every rank sees the same configuration, data
+        # and checkpoint folder)
+        with trainer.session(alike=(TrainingStopped, *user_errors)):
+            trainer.setup()
+            rank = trainer.rank
+            trainer.fit()
         return EXIT_OK
     except TrainingStopped as stop:
-        every_rank_alike = True  # (stops are agreed between the ranks before anyone raises)
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
             M.write_console(str(stop))
         return stop.exit_code
-    except (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError, OutputError) as err:
+    except user_errors as err:
         if debug_requested():  # --debug / ADAPONDER_DEBUG=1: the traceback (adaponder.errors)
             raise
-        # Every rank sees the same configuration, data and checkpoint folder: rank 0 speaks for all.
-        every_rank_alike = True
-        if rank == 0:
+        if rank == 0:  # rank 0 speaks for all
             M.write_console(f"error: {err}")
         return EXIT_ERROR
-    except SimulatedCrash as err:
-        M.write_console(f"error: {err}")
-        return 1
-    finally:
-        trainer.close()
-        if every_rank_alike:
-            destroy_at_exit()
 
 
 __all__ = ["Trainer", "run", "training_loss"]
