@@ -5,6 +5,30 @@ import json
 import torch
 
 
+def _arithmetic_task(folder, name: str, pairs, until: str, max_gen_toks: int) -> None:
+    """A local generate_until task ``name`` in ``folder``: "Q: What is a plus b?" answered by exact match."""
+    docs = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in pairs]
+    data = folder / "docs.jsonl"
+    data.write_text("\n".join(json.dumps(d) for d in docs))
+    (folder / f"{name}.yaml").write_text(f"""
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: [{json.dumps(until)}]
+  max_gen_toks: {max_gen_toks}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""")
+
+
 def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -19,26 +43,8 @@ def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
     torch.manual_seed(0)
     model = AdaPonderForCausalLM(tiny_config("adaponder", vocab_size=50304, gate_init_bias=0.0,
                                              halting_threshold=0.5, eos_token_id=0, pad_token_id=1)).eval()
-    docs = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (10, 5)]]
-    data = tmp_path / "docs.jsonl"
-    data.write_text("\n".join(json.dumps(d) for d in docs))
-    (tmp_path / "tiny_gen.yaml").write_text(f"""
-task: tiny_generate
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "Q: {{{{question}}}}\\nA:"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 6
-  do_sample: false
-metric_list:
-  - metric: exact_match
-""")
+    _arithmetic_task(tmp_path, "tiny_generate", [(1, 2), (3, 4), (10, 5)], until="\n", max_gen_toks=6)
+
     hflm = HFLM(pretrained=model, tokenizer=tok, batch_size=2, max_length=64)
     results = simple_evaluate(model=hflm, tasks=["tiny_generate"], task_manager=TaskManager(include_path=str(tmp_path)),
                               log_samples=True)
@@ -63,26 +69,9 @@ def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(t
 
     from helpers_evaluation import tiny_checkpoint
 
-    docs = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (10, 5), (7, 7)]]
-    data = tmp_path / "docs.jsonl"
-    data.write_text("\n".join(json.dumps(d) for d in docs))
-    (tmp_path / "tiny_gen.yaml").write_text(f"""
-task: tiny_generate_spec
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "Q: {{{{question}}}}\\nA:"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n\\n"]
-  max_gen_toks: 12
-  do_sample: false
-metric_list:
-  - metric: exact_match
-""")
+    _arithmetic_task(tmp_path, "tiny_generate_spec", [(1, 2), (3, 4), (10, 5), (7, 7)], until="\n\n",
+                     max_gen_toks=12)
+
     ckpt = tiny_checkpoint(tmp_path_factory)
     resps = {}
     for name, extra in [("ordinary", ""), ("speculative", ",speculative_draft_tokens=3")]:

@@ -165,12 +165,10 @@ def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(
     text, label = rows[1].rstrip("\n").split("\t")
     rows[1] = f"{text}\t{1 - int(label)}\n"  # one label flipped: same task, size and tokenizer
     (glue / "train.tsv").write_text("".join(rows))
-    out = tmp_path / "ft"
-    recipe = ["timing.enabled=false", "train.stop_at=1"]
+    out, recipe = tmp_path / "ft", FINETUNE_STOPPED_AT_1
     worker = FinetuneWorker()
     try:
-        code, log = worker.run(finetune_argv("sst2", out, *recipe))
-        assert code == 0, log[-3000:]
+        _finetune_ok(worker, out, recipe)
         state = json.loads((out / "checkpoints" / "step00000001" / "trainer_state.json").read_text())
         assert state["data"]["train"]["split"] == "train" and state["data"]["val"]["split"] == "dev"
         old_fp = state["data"]["train"]["fingerprint"]
@@ -184,6 +182,18 @@ def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(
         assert "data changed on resume (train.allow_data_change): train data: " + old_fp in log
     finally:
         worker.close()
+
+
+#: a GLUE fine-tuning that stops after its first step (no timing phase)
+FINETUNE_STOPPED_AT_1 = ["timing.enabled=false", "train.stop_at=1"]
+
+
+def _finetune_ok(worker, out: Path, recipe: list[str], *args: str) -> str:
+    from helpers_finetune import finetune_argv
+
+    code, log = worker.run(finetune_argv("sst2", out, *recipe) + list(args))
+    assert code == 0, log[-3000:]
+    return log
 
 
 def _finetuning_param_groups(tag_dir: Path) -> dict[str, dict]:
@@ -203,12 +213,10 @@ def test_finetuning_refuses_other_optimizer_values_unless_allowed_and_then_appli
     value is refused naming both, and when allowed the optimizer runs with the new one, as config.yaml says."""
     from helpers_finetune import FinetuneWorker, finetune_argv
 
-    out = tmp_path / "ft"
-    recipe = ["timing.enabled=false", "train.stop_at=1"]
+    out, recipe = tmp_path / "ft", FINETUNE_STOPPED_AT_1
     worker = FinetuneWorker()
     try:
-        code, log = worker.run(finetune_argv("sst2", out, *recipe))
-        assert code == 0, log[-3000:]
+        _finetune_ok(worker, out, recipe)
         config_before = (out / "config.yaml").read_text()
         assert yaml.safe_load(config_before)["train"]["weight_decay"] == 0.0
         before = _finetuning_param_groups(out / "checkpoints" / "step00000001")  # (the resume rewrites step 1)
