@@ -25,6 +25,7 @@ Command line: ``adaponder-prepare`` (:mod:`adaponder.cli.prepare`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -330,116 +331,28 @@ def prepare(
     Raises:
         DataError: with a message naming the offending input (see :mod:`adaponder.data.errors`).
     """
-    if errors not in ("strict", "replace"):
-        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    _check_arguments(errors, val_fraction, shard_tokens, tokenizer, train_tokenizer)
     if num_workers <= 0:
         num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if train_tokenizer is not None and tokenizer is not None:
-        raise ValueError("give either a tokenizer or train_tokenizer (a vocabulary size), not both")
     t_start = time.perf_counter()
     sources = resolve_inputs(inputs if not isinstance(inputs, (str, os.PathLike)) else [inputs])
     out = Path(output_dir).expanduser().resolve()
-    # One preparation per output at a time (``.NAME.lock`` beside it): the emptiness check below must still
-    # hold when the finished folder is renamed into place.
-    lock = lock_beside(out, "output folder")
-    try:
-        _check_output_dir(out, overwrite)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(out)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-    except BaseException:
-        lock.release()
-        raise
+    lock, tmp = _open_output(out, overwrite)
     try:
         if train_tokenizer is not None:
             tok = _train_tokenizer(sources, text_field, errors, val_fraction, seed, train_tokenizer, tmp)
         else:
             tok = as_tokenizer(tokenizer)
         dtype = dtype_for_vocab(tok.vocab_size)
-        stats = [SourceStats() for _ in sources]
-        source_tokens = np.zeros(len(sources), dtype=np.int64)
-        all_lengths: list[np.ndarray] = []
-        max_id = -1
         stream_path = tmp / "stream.tmp"
-        from tqdm.auto import tqdm
-
-        t_tok = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            pool = stack.enter_context(_make_pool(num_workers, tok, dtype)) if num_workers > 1 else None
-            stream = stack.enter_context(open(stream_path, "wb"))
-            bar = stack.enter_context(tqdm(
-                desc="tokenizing", unit="tok", unit_scale=True, disable=not progress, file=sys.stderr, smoothing=0.1
-            ))
-            batches = _batches(sources, text_field, errors, stats)
-            for owners, tokens, lengths in _tokenized(batches, tok, dtype, pool, window=4 * num_workers):
-                stream.write(tokens.tobytes())
-                all_lengths.append(lengths)
-                np.add.at(source_tokens, owners, lengths)
-                max_id = max(max_id, int(tokens.max()))
-                bar.update(len(tokens))
-        tokenize_s = time.perf_counter() - t_tok
-
-        lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
-        n_docs, n_tokens = int(len(lengths)), int(lengths.sum())
-        is_val = _choose_val_docs(n_docs, val_fraction, seed)
-        splits = _write_splits(tmp, stream_path, lengths, is_val, dtype, shard_tokens)
+        tokenized = _tokenize_into(stream_path, sources, tok, dtype, num_workers, text_field, errors, progress)
+        is_val = _choose_val_docs(len(tokenized.lengths), val_fraction, seed)
+        splits = _write_splits(tmp, stream_path, tokenized.lengths, is_val, dtype, shard_tokens)
         stream_path.unlink()
-
-        total_s = time.perf_counter() - t_start
-        meta: dict[str, Any] = {
-            "format": FORMAT,
-            "tokenizer": {
-                "name": tok.name,
-                "kind": tok.kind,
-                "fingerprint": tok.fingerprint,
-                "vocab_size": tok.vocab_size,
-                "eod_id": tok.eod_id,
-                "pad_id": tok.pad_id,
-                "file": TOKENIZER_FILE if train_tokenizer is not None else None,
-                "trained_on": "train split" if train_tokenizer is not None else None,
-            },
-            "tokenizer_fingerprint": tok.fingerprint,
-            "vocab_size": tok.vocab_size,
-            "eod_id": tok.eod_id,
-            "eod_placement": "after every document",
-            "dtype": dtype.name,
-            "max_token_id": max_id,
-            "documents": n_docs,
-            "tokens": n_tokens,
-            "skipped_empty": sum(s.skipped_empty for s in stats),
-            "replacements": sum(s.replacements for s in stats),
-            "text_field": text_field,
-            "val_fraction": val_fraction,
-            "seed": seed,
-            "errors": errors,
-            "shard_tokens": shard_tokens,
-            "splits": splits,
-            "sources": [
-                {
-                    "path": str(src.path),
-                    "format": src.format,
-                    "bytes": st.bytes,
-                    "sha256": st.sha256,
-                    "documents": st.documents,
-                    "tokens": int(source_tokens[i]),
-                    "skipped_empty": st.skipped_empty,
-                    "replacements": st.replacements,
-                    **st.extra,
-                }
-                for i, (src, st) in enumerate(zip(sources, stats))
-            ],
-            "timing": {
-                "num_workers": num_workers,
-                "tokenize_seconds": round(tokenize_s, 3),
-                "total_seconds": round(total_s, 3),
-                "tokens_per_second": round(n_tokens / tokenize_s, 1) if tokenize_s > 0 else None,
-            },
-        }
+        settings = {"text_field": text_field, "val_fraction": val_fraction, "seed": seed, "errors": errors,
+                    "shard_tokens": shard_tokens}
+        meta = _metadata(tok, dtype, tokenized, sources, splits, settings, trained=train_tokenizer is not None,
+                         num_workers=num_workers, total_s=time.perf_counter() - t_start)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _move_into_place(tmp, out)
     except BaseException as err:
@@ -452,6 +365,122 @@ def prepare(
         lock.release()
     meta["output_dir"] = str(out)  # not stored: the folder may be moved
     return meta
+
+
+def _check_arguments(errors: str, val_fraction: float, shard_tokens: int, tokenizer, train_tokenizer) -> None:
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    if train_tokenizer is not None and tokenizer is not None:
+        raise ValueError("give either a tokenizer or train_tokenizer (a vocabulary size), not both")
+
+
+def _open_output(out: Path, overwrite: bool):
+    """``(lock, temporary folder)`` for writing ``out``. One preparation per output at a time (``.NAME.lock``
+    beside it): the emptiness check here must still hold when the finished folder is renamed into place."""
+    lock = lock_beside(out, "output folder")
+    try:
+        _check_output_dir(out, overwrite)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+    except BaseException:
+        lock.release()
+        raise
+    return lock, tmp
+
+
+@dataclasses.dataclass
+class _Tokenized:
+    """What tokenizing every document into one stream gave: per-document lengths, per-source counts."""
+
+    lengths: np.ndarray
+    source_tokens: np.ndarray
+    stats: list[SourceStats]
+    max_id: int
+    seconds: float
+
+
+def _tokenize_into(stream_path: Path, sources: Sequence[Source], tok: Tokenizer, dtype: np.dtype, num_workers: int,
+                   text_field: str, errors: str, progress: bool) -> _Tokenized:
+    """Tokenize every document of ``sources`` (EOD after each) into ``stream_path``, in order."""
+    from tqdm.auto import tqdm
+
+    stats = [SourceStats() for _ in sources]
+    source_tokens = np.zeros(len(sources), dtype=np.int64)
+    all_lengths: list[np.ndarray] = []
+    max_id = -1
+    t_tok = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(_make_pool(num_workers, tok, dtype)) if num_workers > 1 else None
+        stream = stack.enter_context(open(stream_path, "wb"))
+        bar = stack.enter_context(tqdm(
+            desc="tokenizing", unit="tok", unit_scale=True, disable=not progress, file=sys.stderr, smoothing=0.1
+        ))
+        batches = _batches(sources, text_field, errors, stats)
+        for owners, tokens, lengths in _tokenized(batches, tok, dtype, pool, window=4 * num_workers):
+            stream.write(tokens.tobytes())
+            all_lengths.append(lengths)
+            np.add.at(source_tokens, owners, lengths)
+            max_id = max(max_id, int(tokens.max()))
+            bar.update(len(tokens))
+    lengths = np.concatenate(all_lengths) if all_lengths else np.zeros(0, np.int64)
+    return _Tokenized(lengths, source_tokens, stats, max_id, time.perf_counter() - t_tok)
+
+
+def _metadata(tok: Tokenizer, dtype: np.dtype, t: _Tokenized, sources: Sequence[Source], splits: dict[str, Any],
+              settings: dict[str, Any], *, trained: bool, num_workers: int, total_s: float) -> dict[str, Any]:
+    """``meta.json``: the tokenizer, the splits, every source with its hash and counts, and the timing."""
+    n_tokens = int(t.lengths.sum())
+    return {
+        "format": FORMAT,
+        "tokenizer": {
+            "name": tok.name,
+            "kind": tok.kind,
+            "fingerprint": tok.fingerprint,
+            "vocab_size": tok.vocab_size,
+            "eod_id": tok.eod_id,
+            "pad_id": tok.pad_id,
+            "file": TOKENIZER_FILE if trained else None,
+            "trained_on": "train split" if trained else None,
+        },
+        "tokenizer_fingerprint": tok.fingerprint,
+        "vocab_size": tok.vocab_size,
+        "eod_id": tok.eod_id,
+        "eod_placement": "after every document",
+        "dtype": dtype.name,
+        "max_token_id": t.max_id,
+        "documents": int(len(t.lengths)),
+        "tokens": n_tokens,
+        "skipped_empty": sum(s.skipped_empty for s in t.stats),
+        "replacements": sum(s.replacements for s in t.stats),
+        **settings,
+        "splits": splits,
+        "sources": [
+            {
+                "path": str(src.path),
+                "format": src.format,
+                "bytes": st.bytes,
+                "sha256": st.sha256,
+                "documents": st.documents,
+                "tokens": int(t.source_tokens[i]),
+                "skipped_empty": st.skipped_empty,
+                "replacements": st.replacements,
+                **st.extra,
+            }
+            for i, (src, st) in enumerate(zip(sources, t.stats))
+        ],
+        "timing": {
+            "num_workers": num_workers,
+            "tokenize_seconds": round(t.seconds, 3),
+            "total_seconds": round(total_s, 3),
+            "tokens_per_second": round(n_tokens / t.seconds, 1) if t.seconds > 0 else None,
+        },
+    }
 
 
 # -- report -------------------------------------------------------------------------------------------------
