@@ -298,7 +298,9 @@ def test_export_failing_midway_leaves_the_old_folder_and_no_temporary(trained, t
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(E, "save_hf", failing_save_hf)
-    with pytest.raises(OSError, match="disk full"):
+    from adaponder.errors import OutputError
+
+    with pytest.raises(OutputError, match=f"could not write the export {out} \\(disk full \\(simulated\\)\\); "):
         E.export_checkpoint(ck / "step00000004", out, overwrite=True)
     assert seen["folder"].name.startswith(".hf.tmp-") and seen["folder"].parent == out.parent
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
