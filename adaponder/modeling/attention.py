@@ -59,17 +59,39 @@ def packed_attention(module, query, key, value, attention_mask, ponder_subset: T
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
-@contextlib.contextmanager
-def routed_attention(config, name: str):
-    """Route the layers' attention to ``name`` for the duration of one pass (or one decoding tick): transformers'
-    layers look their attention function up in the config on every call, so this is the one place where the
-    model's config is written after construction — and restored on the way out."""
-    previous = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
+class AttentionRoute:
+    """The layers' view of the model's config: every field is the config's own except ``_attn_implementation``,
+    which names the attention a pass routes to (packed, per row) while one is set, and the config's otherwise.
+
+    transformers' attention modules look their attention function up in ``self.config._attn_implementation`` on
+    every call and take no argument for it. Each layer gets this view at construction (:class:`PythiaBackbone`),
+    so a pass chooses its attention with :meth:`routed` and the model's config is never written: anyone reading
+    ``model.config`` during a pass — another thread, a checkpoint save — sees the implementation it was built with.
+    """
+
+    def __init__(self, config):
+        self.__dict__.update(_config=config, _route=None)
+
+    def __getattr__(self, name: str):
+        # Only called for what the view does not hold itself; dunder lookups (copy, pickle) stay the view's own.
+        config = self.__dict__.get("_config")
+        if config is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)
+        return getattr(config, name)
+
+    @property
+    def _attn_implementation(self) -> str | None:
+        return self.__dict__["_route"] or self.__dict__["_config"]._attn_implementation
+
+    @contextlib.contextmanager
+    def routed(self, name: str):
+        """Within the block, the layers' attention is ``name`` (an ``AttentionInterface`` registration)."""
+        previous = self.__dict__["_route"]
+        self.__dict__["_route"] = name
+        try:
+            yield
+        finally:
+            self.__dict__["_route"] = previous
 
 
-__all__ = ["PACKED_ATTENTION", "causal_slot_mask", "packed_attention", "routed_attention"]
+__all__ = ["PACKED_ATTENTION", "AttentionRoute", "causal_slot_mask", "packed_attention"]

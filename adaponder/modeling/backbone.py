@@ -14,6 +14,7 @@ from torch import nn
 from transformers import GPTNeoXModel, PreTrainedModel
 from transformers import initialization as hf_init
 
+from .attention import AttentionRoute
 from .configuration_adaponder import AdaPonderConfig
 from .pass_step import GateOutput, SkinnyLinear
 
@@ -106,6 +107,10 @@ class PythiaBackbone(GPTNeoXModel):
         for module in self.layers.modules():
             if type(module) is nn.Linear:
                 module.__class__ = SkinnyLinear
+        #: How the passes choose the layers' attention (packed, per row) without writing into the config.
+        self.attention_route = AttentionRoute(config)
+        for layer in self.layers:
+            layer.attention.config = self.attention_route
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -41,7 +41,6 @@ from transformers import AttentionInterface
 
 from .configuration_adaponder import check_halting_threshold
 from .input_checks import check_generation_length
-from .attention import routed_attention
 from .pass_step import first_input, gate_weighted, goes_on
 from .ponder_cache import PonderCache, starts_at
 from .pondering import pondering_from_logits
@@ -245,7 +244,7 @@ class DepthBatchedDecoder:
         embed = model.gpt_neox.embed_in
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
         ticks = token_passes = pondering_ticks = gate_runs = attended = 0
-        with routed_attention(cfg, ROW_ATTENTION):
+        with model.gpt_neox.attention_route.routed(ROW_ATTENTION):
             while live and (max_ticks is None or ticks < max_ticks):
                 if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
                     prefill = prefill.grown(min(need, 2 * prefill.capacity))

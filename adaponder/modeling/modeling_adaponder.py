@@ -21,7 +21,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention import PACKED_ATTENTION, causal_slot_mask, routed_attention
+from .attention import PACKED_ATTENTION, causal_slot_mask
 from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
 from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
 from .cost import CostAccounting
@@ -409,7 +409,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
             mask = causal_slot_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
             extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}
-            attention = routed_attention(self.config, PACKED_ATTENTION)
+            attention = self.gpt_neox.attention_route.routed(PACKED_ATTENTION)
         else:
             hidden, mask, rope, extra = E, ctx.full_mask, ctx.rope, {}
 
