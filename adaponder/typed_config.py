@@ -37,10 +37,9 @@ __all__ = ["ConfigError", "Int", "Float", "StepsOrFraction", "Count", "NonNegati
 
 
 class ConfigError(ValueError):
-    """Every problem of a configuration, listed at once, naming the file and key paths.
-
-    The model configuration's ``AdaPonderConfigError`` has the same interface but stays a separate class
-    (see its docstring): catch both, or ``ValueError``."""
+    """Every problem of a configuration, listed at once, naming the file and key paths. The one error class of
+    configurations: the training, fine-tuning and study configurations' errors and the model configuration's
+    ``AdaPonderConfigError`` (where adaponder is installed; see its docstring) are its subclasses."""
 
     #: What the configuration configures, for the message ("the training configuration").
     what = "the configuration"

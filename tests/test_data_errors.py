@@ -133,7 +133,7 @@ def test_corrupt_compressed_file(tmp_path: Path) -> None:
 
 def test_corpus_shorter_than_one_sample(prepared: Path) -> None:
     n = json.loads((prepared / "meta.json").read_text())["splits"]["val"]["tokens"]
-    with pytest.raises(CorpusTooSmallError, match=re.escape(str(prepared)) + f" split 'val' has {n} tokens.*seq_len"):
+    with pytest.raises(CorpusTooSmallError, match=re.escape(str(prepared)) + f" split 'val' holds no samples.*it has {n} tokens.*seq_len"):
         PackedLoader(prepared, split="val", seq_len=n, micro_batch_size=1)
     PackedLoader(prepared, split="val", seq_len=n - 1, micro_batch_size=1)  # exactly one sample is fine
     with pytest.raises(CorpusTooSmallError, match="each of 2 ranks"):

@@ -116,14 +116,14 @@ def test_config_of_the_indexed_format(indexed, tmp_path):
 
 def test_validation_source_is_told_apart_by_what_is_on_disk(indexed, tmp_path):
     from adaponder.data.errors import DataError
-    from adaponder.data.training_source import validation_source
-    from adaponder.train.config import DataConfig
+    from adaponder.data.config import DataConfig
+    from adaponder.data.training_source import DataSource, validation_source
 
     packed = indexed["root"] / "prepared"
-    assert validation_source(DataConfig(path=str(packed)))["kind"] == "packed"
+    assert validation_source(DataConfig(path=str(packed))).kind == "packed"
     assert validation_source(DataConfig(format="indexed", path=indexed["train"], val_path=indexed["val"] + ".bin")) \
-        == {"kind": "indexed", "path": indexed["val"], "order": "sequences"}
+        == DataSource("indexed", indexed["val"], order="sequences")
     assert validation_source(DataConfig(path=indexed["train"], val_path=str(packed), val_split="train")) \
-        == {"kind": "packed", "path": str(packed), "split": "train"}
+        == DataSource("packed", str(packed), split="train")
     with pytest.raises(DataError, match="neither a prepared data folder"):
         validation_source(DataConfig(path=str(packed), val_path=str(tmp_path / "nope")))

@@ -1,13 +1,47 @@
-"""What the two training loaders (:class:`~.loader.PackedLoader`, :class:`~.indexed.IndexedLoader`) share: where
+"""The loader protocol (:class:`TokenLoader`) and what the two loaders that follow it
+(:class:`~.loader.PackedLoader`, :class:`~.indexed.IndexedLoader`) share: the settings and sizes they refuse, where
 the next sample is (epoch, position), their length, and restoring a saved state after checking it against their
 own settings. Each loader says what its position counts (all ranks' samples, or this rank's) and how far an epoch
 goes (``end``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
-from .errors import StateError
+import torch
+
+from .errors import CorpusTooSmallError, StateError
+
+
+@runtime_checkable
+class TokenLoader(Protocol):
+    """Rank-sharded batches ``LongTensor [micro_batch_size, seq_len + 1]`` (inputs ``x[:, :-1]``, labels
+    ``x[:, 1:]``), exactly resumable: ``state_dict()`` after any number of batches, loaded into a fresh loader over
+    the same data and settings, continues with the next sample."""
+
+    seq_len: int
+    micro_batch_size: int
+    num_samples: int
+
+    def __iter__(self) -> Iterator[torch.Tensor]: ...
+
+    def sample(self, index: int) -> torch.Tensor: ...
+
+    @property
+    def batches_per_epoch(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def first_batches(loader: Iterable[torch.Tensor], max_batches: int | None) -> Iterator[torch.Tensor]:
+    """``loader``'s batches, at most ``max_batches`` of them (``None``: all)."""
+    for i, batch in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            return
+        yield batch
 
 
 class EpochCursor:
@@ -39,6 +73,16 @@ class EpochCursor:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
+
+    @staticmethod
+    def _check_sample_count(num_samples: int, world_size: int, source: str, what: str) -> None:
+        """:class:`CorpusTooSmallError` naming ``source`` when it holds no sample (``what``: the samples it has), or
+        too few to give every rank one."""
+        if num_samples < 1:
+            raise CorpusTooSmallError(f"{source} holds no {what}; use a smaller seq_len or more data")
+        if num_samples < world_size:
+            raise CorpusTooSmallError(f"{source} holds {num_samples} {what}, too few to give each of {world_size} "
+                                      "ranks one")
 
     def _cursor_state(self, fmt: str) -> dict[str, Any]:
         """The state keys every loader writes: its format, where it stands and the settings its order depends on."""
@@ -76,4 +120,4 @@ class EpochCursor:
         self._epoch, self._position = epoch, position
 
 
-__all__ = ["EpochCursor"]
+__all__ = ["EpochCursor", "TokenLoader", "first_batches"]

@@ -19,9 +19,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
+
+if TYPE_CHECKING:
+    from .config import DataConfig
 
 _BLOCK = 1 << 20
 _BLOCKS = 16
@@ -74,18 +77,13 @@ def source_identity(kind: str, path: str, split: str | None = None) -> dict[str,
     return {"kind": kind, "path": str(path), "split": split, "fingerprint": packed_fingerprint(path, split or "train")}
 
 
-def data_identity(data: Any, with_validation: bool = True) -> dict[str, Any]:
+def data_identity(data: DataConfig, with_validation: bool = True) -> dict[str, Any]:
     """``{"train": identity, "val": identity or None}`` of a ``data:`` section (see
     :mod:`adaponder.data.training_source`); ``val`` is None when the run validates on nothing."""
-    from .training_source import validation_source
+    from .training_source import training_source, validation_source
 
-    fmt = getattr(data, "format", "packed")
-    train = source_identity(fmt, data.path, None if fmt == "indexed" else "train")
-    val = None
-    if with_validation:
-        src = validation_source(data)
-        val = source_identity(src["kind"], src["path"], src.get("split"))
-    return {"train": train, "val": val}
+    sources = {"train": training_source(data), "val": validation_source(data) if with_validation else None}
+    return {name: src and source_identity(src.kind, src.path, src.split) for name, src in sources.items()}
 
 
 def examples_fingerprint(examples: Any) -> str:

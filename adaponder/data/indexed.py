@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cursor import EpochCursor
-from .errors import CorpusTooSmallError, DataError, InputNotFoundError, ShardError, StateError, VocabRangeError
+from .cursor import EpochCursor, first_batches
+from .errors import DataError, InputNotFoundError, ShardError, StateError, VocabRangeError
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 9 + 8 + 1 + 8 + 8
@@ -275,13 +275,8 @@ class IndexedLoader(EpochCursor):
             self._build_stream(append_eod)
             self.num_samples = (self.stream_tokens - 1) // seq_len if self.stream_tokens > seq_len else 0
         what = "items" if order == "sequences" else f"windows of {seq_len + 1} tokens"
-        if self.num_samples < 1:
-            raise CorpusTooSmallError(f"indexed dataset {self.prefix} ({order} order) holds no {what}; use a smaller "
-                                      "seq_len or more data")
+        self._check_sample_count(self.num_samples, world_size, f"indexed dataset {self.prefix} ({order} order)", what)
         self.samples_per_rank = self.num_samples // world_size
-        if self.samples_per_rank < 1:
-            raise CorpusTooSmallError(f"indexed dataset {self.prefix} holds {self.num_samples} {what}, too few to "
-                                      f"give each of {world_size} ranks one")
         self.samples_per_epoch = self.samples_per_rank * world_size
         self._epoch, self._position = 0, 0
         self._order_cache: tuple[int, np.ndarray] | None = None
@@ -466,11 +461,7 @@ def iter_indexed_eval_batches(prefix, order: str, seq_len: int, micro_batch_size
     """One deterministic, unshuffled pass (this rank's part), optionally capped at ``max_batches``."""
     loader = IndexedLoader(prefix, order, seq_len, micro_batch_size, rank, world_size, vocab_size=vocab_size,
                            eod_id=eod_id, append_eod=append_eod, shuffle=False, infinite=False)
-    for i, batch in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
-            return
-        yield batch
-
+    return first_batches(loader, max_batches)
 
 def write_indexed(prefix: str | os.PathLike[str], documents, dtype=np.uint16) -> Path:
     """Write ``documents`` (each a sequence of token ids, or a list of such sequences = one document of several

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,25 @@ def open_shards(
     return maps
 
 
+def split_stream(data_dir: str | os.PathLike[str], split: str) -> np.ndarray:
+    """A prepared split's whole token stream (its shards concatenated, each size checked)."""
+    shards = open_shards(data_dir, read_meta(data_dir), split)
+    return np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
+
+
+def split_documents(data_dir: str | os.PathLike[str], split: str) -> Iterator[np.ndarray]:
+    """The documents of a prepared split in order (int64 ids), each without the EOD token that ends it in the
+    stream; one document, the whole stream, when the split has no ``<split>.docs.npy``."""
+    meta = read_meta(data_dir)
+    stream = split_stream(data_dir, split)
+    offsets_file = Path(data_dir) / docs_name(split)
+    offsets = np.load(offsets_file) if offsets_file.is_file() else np.array([0, len(stream)])
+    eod = int(meta["eod_id"])
+    for i in range(len(offsets) - 1):
+        ids = stream[int(offsets[i]):int(offsets[i + 1])].astype(np.int64)
+        yield ids[:-1] if len(ids) and ids[-1] == eod else ids
+
+
 __all__ = [
     "FORMAT",
     "META_FILE",
@@ -110,4 +130,6 @@ __all__ = [
     "read_meta",
     "split_info",
     "open_shards",
+    "split_documents",
+    "split_stream",
 ]

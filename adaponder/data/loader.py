@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cursor import EpochCursor
-from .errors import CorpusTooSmallError, ShardError, StateError, TokenizerMismatchError, VocabRangeError
+from .cursor import EpochCursor, first_batches
+from .errors import ShardError, StateError, TokenizerMismatchError, VocabRangeError
 from .layout import open_shards, read_meta, split_info
 
 STATE_FORMAT = "adaponder.PackedLoader/v2"
@@ -103,16 +103,10 @@ class PackedLoader(EpochCursor):
         self._check_vocab(vocab_size, verify_checksums)
 
         self.num_samples = (self.tokens - 1) // seq_len if self.tokens > seq_len else 0
-        if self.num_samples < 1:
-            raise CorpusTooSmallError(
-                f"{self.data_dir} split {split!r} has {self.tokens} tokens ({info['documents']} documents), "
-                f"fewer than one sample of seq_len + 1 = {seq_len + 1} tokens; use a smaller seq_len or more data"
-            )
-        if self.num_samples < world_size:
-            raise CorpusTooSmallError(
-                f"{self.data_dir} split {split!r} has {self.num_samples} samples of {seq_len + 1} tokens, "
-                f"too few to give each of {world_size} ranks one"
-            )
+        self._check_sample_count(
+            self.num_samples, world_size, f"{self.data_dir} split {split!r}",
+            f"samples of seq_len + 1 = {seq_len + 1} tokens (it has {self.tokens} tokens in {info['documents']} "
+            "documents)" if self.num_samples < 1 else f"samples of {seq_len + 1} tokens")
         #: Samples read per epoch by all ranks together (every window; nothing is dropped).
         self.samples_per_epoch = self.num_samples
         self._epoch = 0
@@ -283,22 +277,9 @@ def iter_eval_batches(
     """One deterministic, unshuffled pass over ``split`` (this rank's part: every ``world_size``-th
     micro-batch), optionally capped at ``max_batches`` of this rank; the last batch may be smaller than
     ``micro_batch_size``."""
-    loader = PackedLoader(
-        data_dir,
-        split=split,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        rank=rank,
-        world_size=world_size,
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        vocab_size=vocab_size,
-        shuffle=False,
-        infinite=False,
-    )
-    for i, batch in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
-            return
-        yield batch
-
+    loader = PackedLoader(data_dir, split=split, seq_len=seq_len, micro_batch_size=micro_batch_size, rank=rank,
+                          world_size=world_size, tokenizer_fingerprint=tokenizer_fingerprint, vocab_size=vocab_size,
+                          shuffle=False, infinite=False)
+    return first_batches(loader, max_batches)
 
 __all__ = ["PackedLoader", "iter_eval_batches", "STATE_FORMAT"]

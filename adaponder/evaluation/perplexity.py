@@ -27,7 +27,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,22 +121,6 @@ def _encode_prefix(codec: _Codec, text: str, cap: int | None) -> tuple[list[int]
     return ids, False
 
 
-def _prepared_documents(path: Path, codec: _Codec, split: str) -> Iterable[tuple[str, np.ndarray]]:
-    from adaponder.data.layout import docs_name, open_shards, read_meta
-
-    meta = read_meta(path)
-    shards = open_shards(path, meta, split)
-    stream = np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
-    offsets_file = path / docs_name(split)
-    offsets = np.load(offsets_file) if offsets_file.is_file() else np.array([0, len(stream)])
-    eod = int(meta.get("eod_id", codec.eod_id))
-    for i in range(len(offsets) - 1):
-        ids = stream[int(offsets[i]):int(offsets[i + 1])].astype(np.int64)
-        if len(ids) and ids[-1] == eod:
-            ids = ids[:-1]  # the EOD that ends the document is not scored (it spells no bytes)
-        yield f"{path.name}/{split}#{i}", ids
-
-
 PACKINGS = ("documents", "stream")
 
 
@@ -145,15 +129,14 @@ def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int
     """A prepared split as training-time validation reads it (see the module doc): sample ``i`` is
     ``stream[i*window : (i+1)*window + 1]`` for ``i < (len(stream) - 1) // window`` (the loader's count), capped
     at ``max_tokens // window`` samples. Returned as one :class:`Document` whose first token is context only."""
-    from adaponder.data.layout import open_shards, read_meta
+    from adaponder.data.layout import split_stream
 
     path = Path(path)
     if not (path.is_dir() and (path / "meta.json").is_file()):
         raise UsageError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
     if window < 1:
         raise UsageError(f"--packing stream needs a window >= 1, got {window}")
-    shards = open_shards(path, read_meta(path), split)
-    stream = np.concatenate([np.asarray(s) for s in shards]) if shards else np.zeros(0, dtype=np.int64)
+    stream = split_stream(path, split)
     samples = (len(stream) - 1) // window if len(stream) > window else 0
     if max_tokens is not None:
         samples = min(samples, max_tokens // window)
@@ -183,6 +166,8 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
         if window is None:
             raise UsageError("--packing stream needs --window (the training run's data.seq_len)")
         return [load_stream(src, tokenizer, window, max_tokens, split) for src in sources]
+    from adaponder.data.layout import split_documents
+
     codec = _Codec(tokenizer)
     docs: list[Document] = []
     left = max_tokens
@@ -191,7 +176,7 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
         if path.is_dir() and (path / "meta.json").is_file():
-            items = ((name, ids, None) for name, ids in _prepared_documents(path, codec, split))
+            items = ((f"{path.name}/{split}#{i}", ids, None) for i, ids in enumerate(split_documents(path, split)))
         else:
             items = ((str(f), None, f) for f in _text_files(path))
         for name, ids, file in items:

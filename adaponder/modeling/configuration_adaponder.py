@@ -24,14 +24,19 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 _LEGACY_KEYS = {"rotary_pct", "rotary_emb_base", "rope_scaling", "attn_implementation", "torch_dtype", "dtype"}
 
 
-class AdaPonderConfigError(ValueError):
-    """Raised once, listing every problem found in a configuration.
+try:
+    from adaponder.typed_config import ConfigError as _ConfigErrorBase
+except ImportError:  # a checkpoint's copy of this file, loaded where adaponder is not installed
+    _ConfigErrorBase = ValueError
 
-    It has the interface of ``adaponder.typed_config.ConfigError`` (``problems``, ``source``) but is not
-    that class or its subclass, and cannot be: this file travels with checkpoints and may import only
-    the standard library and transformers, while ``typed_config`` must not import this module either
-    (loading it loads transformers and torch, which parsing a YAML file does not need). Their common
-    base is ``ValueError``.
+
+class AdaPonderConfigError(_ConfigErrorBase):
+    """Raised once, listing every problem found in a model configuration.
+
+    Where adaponder is installed this is an ``adaponder.typed_config.ConfigError`` like the training, fine-tuning
+    and study configurations' errors, so ``except ConfigError`` catches every configuration problem. This file
+    also travels with checkpoints, where it may import only the standard library and transformers: there the
+    class is a ``ValueError`` with the same interface (``problems``, ``source``).
     """
 
     def __init__(self, problems: list[str], source: str | None = None):
@@ -39,7 +44,8 @@ class AdaPonderConfigError(ValueError):
         self.source = source
         where = f" in {source}" if source else ""
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
+        # (not ConfigError.__init__, which does not exist where this file travels alone)
+        ValueError.__init__(self, f"{len(self.problems)} problem(s){where}:\n{lines}")
 
 
 @strict

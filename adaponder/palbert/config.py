@@ -27,7 +27,7 @@ from adaponder.core_modes import ATTN_IMPLEMENTATIONS, CORE_MODE_CHOICES
 from adaponder.palbert.glue import GLUE_TASKS
 from adaponder.palbert.metrics import METRIC_NAMES, canonical_task
 from adaponder.palbert.pondernet import EXIT_RULES, ExitRule, KLDirection, Method, rules_for_method
-from adaponder.train.config import DeepSpeedConfig
+from adaponder.train.config import CheckpointSettings, DeepSpeedConfig, LoggingSettings, deepspeed_problems
 from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
                                     UnitFloat)
 
@@ -170,28 +170,21 @@ class TimingSection:
 
 
 @dataclass
-class CheckpointSection:
-    """Checkpoints of the pretraining trainer's manager (sha256 manifest, atomic ``latest``): written after
-    every dev evaluation, every ``every`` steps (0 = no extra ones), on SIGTERM/SIGINT and at ``stop_at``.
-    The newest ``keep`` are kept, and always the best one (its weights are restored for the final
+class CheckpointSection(CheckpointSettings):
+    """Checkpoints of the pretraining trainer's manager (:class:`adaponder.train.config.CheckpointSettings`):
+    written after every dev evaluation, every ``every`` steps (0 = no extra ones), on SIGTERM/SIGINT and at
+    ``stop_at``. The newest ``keep`` are kept, and always the best one (its weights are restored for the final
     evaluation). ``dir: null`` = ``<output>/checkpoints``."""
 
-    dir: str | None = None
-    every: NonNegativeInt = 0
     keep: Count = 2
 
 
 @dataclass
-class LoggingSection:
-    """``metrics.jsonl`` in the output folder (train / eval / event records), console lines, tqdm progress
-    bars for every phase (training, dev evaluation, exit rules, timing), optional wandb."""
+class LoggingSection(LoggingSettings):
+    """The pretraining trainer's metrics sink (:class:`adaponder.train.config.LoggingSettings`): progress bars for
+    every phase (training, dev evaluation, exit rules, timing)."""
 
-    jsonl: bool = True
-    console: bool = True
-    progress_bar: bool = True
-    wandb: bool = False
     wandb_project: str = "adaponder-glue"
-    wandb_name: str | None = None
 
 
 @dataclass
@@ -265,12 +258,8 @@ def _cross_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     allowed = rules_for_method(cfg.model.method)
     check(("train.select_rule", "model.method"), t.select_rule is None or t.select_rule in allowed,
           f"must be null or one of {', '.join(allowed)} for method {cfg.model.method!r}; got {t.select_rule!r}")
-    check(("deepspeed.offload_optimizer", "deepspeed.zero_stage"),
-          ds.offload_optimizer == "none" or ds.zero_stage >= 1, "needs zero_stage >= 1")
-    check(("deepspeed.offload_param", "deepspeed.zero_stage"), ds.offload_param == "none" or ds.zero_stage == 3,
-          "needs zero_stage 3")
-    check(("deepspeed.nvme_path", "deepspeed.offload_optimizer", "deepspeed.offload_param"),
-          "nvme" not in (ds.offload_optimizer, ds.offload_param) or bool(ds.nvme_path), "required for nvme offload")
+    for keys, message in deepspeed_problems(ds):
+        check(keys, False, message.partition(": ")[2])
     return problems
 
 

@@ -40,6 +40,7 @@ import yaml
 from pydantic import Field
 
 from adaponder import typed_config
+from adaponder.data.config import DataConfig, resolve_data_format
 from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
                                     StepsOrFraction, UnitFloat)
 
@@ -51,42 +52,6 @@ class TrainConfigError(typed_config.ConfigError):
 
 
 # -- sections ---------------------------------------------------------------------------------------------
-@dataclass
-class DataConfig:
-    #: ``packed``: ``path`` is a prepared data folder (``adaponder-prepare`` output: ``meta.json`` + shards).
-    #: ``indexed``: ``path`` is the PREFIX of a Megatron/GPT-NeoX indexed dataset (``PREFIX.bin`` +
-    #: ``PREFIX.idx``, e.g. Pythia's pre-tokenized Pile); see :mod:`adaponder.data.indexed`.
-    #: ``auto``: ``indexed`` when ``PATH.idx`` exists, else ``packed``; resolved when the config is loaded.
-    format: Literal["auto", "packed", "indexed"] = "packed"
-    #: Prepared data folder, or the indexed dataset's PREFIX (``data.format: indexed``).
-    path: str | None = None
-    #: ``data.format: indexed`` only. ``sequences``: every item is one ready sample of ``seq_len + 1`` tokens,
-    #: read in stored order (global batch b = items b·G … b·G+G−1: Pythia's pre-shuffled Pile, bit for bit);
-    #: ``documents``: items are documents, packed with EOD and shuffled by seed like prepared shards.
-    order: Literal["sequences", "documents"] = "sequences"
-    #: ``documents`` order: put the EOD token after every document (``null``: unless they end with it already).
-    append_eod: bool | None = None
-    #: A separate validation source: a prepared data folder (its ``val_split``) or an indexed PREFIX (all of
-    #: it; order ``val_order``, default ``order``). ``null``: the ``val`` split of ``path`` (packed only).
-    val_path: str | None = None
-    val_split: str = "val"
-    val_order: Literal["sequences", "documents"] | None = None
-    #: Raw inputs to prepare into ``path`` when it holds no ``meta.json`` yet: files, folders, globs, or
-    #: ``"bundled"`` for the public-domain corpus shipped with adaponder. ``None``: ``path`` must exist.
-    prepare: Annotated[list[str], Field(min_length=1)] | None = None
-    #: Tokenizer file/folder; ``None`` = ``<path>/tokenizer.json`` when the data folder holds one (a tokenizer
-    #: trained by ``adaponder-prepare --train-tokenizer``), else the bundled Pythia (GPT-NeoX-20B) tokenizer.
-    tokenizer: str | None = None
-    #: When preparing on the fly: train a byte-level BPE tokenizer of this many entries on the train split.
-    train_tokenizer: Count | None = None
-    #: Tokens per training sample (the model sees ``seq_len`` inputs and as many labels).
-    seq_len: Count = 2048
-    #: Used only when preparing on the fly.
-    val_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.01
-    text_field: str = "text"
-    prepare_workers: Count = 1
-
-
 @dataclass
 class OptimConfig:
     lr: PositiveFloat = 3e-4
@@ -137,25 +102,41 @@ class DeepSpeedConfig:
 
 
 @dataclass
-class CheckpointConfig:
-    #: Default: ``<train.out_dir>/checkpoints``. Must be on a filesystem every node sees.
+class CheckpointSettings:
+    """What pretraining and fine-tuning checkpoints share (one checkpoint manager: sha256 manifest, atomic
+    ``latest``, the newest ``keep`` kept)."""
+
+    #: Default: ``<output folder>/checkpoints``. Must be on a filesystem every node sees.
     dir: str | None = None
-    every: Count = 1000
+    #: A checkpoint every N optimizer steps (0: none beyond the ones the run writes anyway).
+    every: NonNegativeInt = 0
     keep: Count = 3
+
+
+@dataclass
+class CheckpointConfig(CheckpointSettings):
+    every: Count = 1000
     #: Export a Hugging Face checkpoint to ``<train.out_dir>/hf`` at the end of training.
     export_hf: bool = True
 
 
 @dataclass
-class LoggingConfig:
-    every: Count = 10
-    #: Append metrics to ``<train.out_dir>/metrics.jsonl``.
+class LoggingSettings:
+    """What pretraining and fine-tuning logging share (one metrics sink): ``metrics.jsonl`` in the output folder,
+    console lines, tqdm progress bars, optional wandb."""
+
     jsonl: bool = True
     console: bool = True
     progress_bar: bool = True
     wandb: bool = False
     wandb_project: str = "adaponder"
     wandb_name: str | None = None
+
+
+@dataclass
+class LoggingConfig(LoggingSettings):
+    #: Metrics every N optimizer steps.
+    every: Count = 10
     #: Peak FLOP/s of one device for MFU (logged as ``mfu_pct``). ``null``: CUDA devices from a table of known
     #: data-sheet peaks (:mod:`adaponder.train.peak`; unknown device: no MFU), CPUs measured at start-up.
     peak_flops: PositiveFloat | None = None
@@ -241,9 +222,56 @@ SECTIONS: dict[str, type] = {
 }
 
 
+@dataclass(frozen=True)
+class ModelSection:
+    """The ``model:`` section: a Pythia shape preset (``size``) that the other keys override, or a full
+    :class:`~adaponder.modeling.AdaPonderConfig` mapping; with ``init.backbone`` the shape comes from the checkpoint
+    and only recurrence keys may be set. Every key is an ``AdaPonderConfig`` field (or ``size``), validated by that
+    typed configuration when the file is read (:func:`_model_problems`)."""
+
+    #: A preset of :data:`adaponder.modeling.PYTHIA_SHAPES` (``70m`` … ``12b``, ``tiny``); ``None``: none.
+    size: str | None = None
+    #: The recurrence (``AdaPonderConfig.mode``); ``None``: not set, i.e. ``adaponder``.
+    mode: str | None = None
+    #: The other ``AdaPonderConfig`` fields as written.
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    #: The keys in the order they were written (``size``/``mode`` included when given, even as null), so the
+    #: section is written back and fingerprinted exactly as the user wrote it.
+    written: tuple[str, ...] = ()
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "ModelSection":
+        rest = {k: v for k, v in values.items() if k not in ("size", "mode")}
+        return cls(size=values.get("size"), mode=values.get("mode"), fields=rest, written=tuple(values))
+
+    def to_mapping(self) -> dict[str, Any]:
+        given = {"size": self.size, "mode": self.mode, **self.fields}
+        return {k: given[k] for k in self.written}
+
+    @property
+    def recurrence(self) -> str:
+        return self.mode or "adaponder"
+
+    def model_config(self, source: str | None = None):
+        """The :class:`AdaPonderConfig` of a fresh model: the ``size`` preset with the other keys, or the keys as a
+        full configuration."""
+        from adaponder.modeling import AdaPonderConfig, pythia_config
+
+        if self.size is not None:
+            return pythia_config(str(self.size), self.recurrence, **self.fields)
+        values = {k: v for k, v in self.to_mapping().items() if k != "size"}
+        return AdaPonderConfig.from_mapping(values, source=source)
+
+    def backbone_overrides(self) -> tuple[str, dict[str, Any]]:
+        """(mode, overrides) for :meth:`AdaPonderForCausalLM.from_backbone` (continued pretraining): shape keys
+        set to null (``--set model.size=null``) are left out."""
+        shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        return self.recurrence, {k: v for k, v in self.fields.items() if not (k in shape and v is None)}
+
+
 @dataclass
 class TrainConfig:
-    model: dict = field(default_factory=dict)
+    model: ModelSection = field(default_factory=ModelSection)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -269,6 +297,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        d["model"] = self.model.to_mapping()
         return d
 
     def to_yaml(self) -> str:
@@ -276,15 +305,11 @@ class TrainConfig:
 
     def model_config(self):
         """The :class:`AdaPonderConfig` of a fresh model (not used with ``init.backbone``)."""
-        return build_model_config(self.model, self.source)
+        return self.model.model_config(self.source)
 
     def model_overrides(self) -> tuple[str, dict[str, Any]]:
         """(mode, overrides) for :meth:`AdaPonderForCausalLM.from_backbone` (continued pretraining)."""
-        shape = ("size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        values = {k: v for k, v in self.model.items() if not (k in shape and v is None)}  # --set model.size=null
-        values.pop("size", None)
-        mode = values.pop("mode", "adaponder")
-        return mode, values
+        return self.model.backbone_overrides()
 
     def fingerprint(self) -> str:
         what = self.to_dict()
@@ -302,18 +327,6 @@ class TrainConfig:
 
 
 # -- the model section ------------------------------------------------------------------------------------
-def build_model_config(values: Mapping[str, Any], source: str | None = None):
-    """``size:`` preset + overrides, or a full :class:`AdaPonderConfig` mapping."""
-    from adaponder.modeling import AdaPonderConfig, pythia_config
-
-    values = dict(values)
-    size = values.pop("size", None)
-    if size is not None:
-        mode = values.pop("mode", "adaponder")
-        return pythia_config(str(size), mode, **values)
-    return AdaPonderConfig.from_mapping(values, source=source)
-
-
 def _model_problems(values: Any, has_backbone: bool) -> list[str]:
     from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, pythia_shape
 
@@ -335,7 +348,7 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
     elif not values:
         return ["model: give a Pythia preset (model.size: 70m, ..., tiny) or a full model configuration"]
     try:
-        build_model_config(values)
+        ModelSection.from_mapping(values).model_config()
     except AdaPonderConfigError as err:
         return [f"model: {p}" for p in err.problems]
     except (TypeError, ValueError) as err:
@@ -344,6 +357,21 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
 
 
 # -- checks across keys (each key's own type and limits are in its annotation) ----------------------------
+def deepspeed_problems(ds: DeepSpeedConfig) -> list[tuple[tuple[str, ...], str]]:
+    """``(keys, message)`` of each setting of a ``deepspeed:`` section that cannot work with another one (the
+    first key is the one the message names); pretraining and fine-tuning configurations both check these."""
+    found = []
+    if ds.offload_optimizer != "none" and ds.zero_stage == 0:
+        found.append((("deepspeed.offload_optimizer", "deepspeed.zero_stage"),
+                      "deepspeed.offload_optimizer: needs zero_stage >= 1"))
+    if ds.offload_param != "none" and ds.zero_stage != 3:
+        found.append((("deepspeed.offload_param", "deepspeed.zero_stage"), "deepspeed.offload_param: needs zero_stage 3"))
+    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
+        found.append((("deepspeed.nvme_path", "deepspeed.offload_optimizer", "deepspeed.offload_param"),
+                      "deepspeed.nvme_path: required for nvme offload"))
+    return found
+
+
 def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
     p: list[str] = []
 
@@ -365,13 +393,8 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "Pile's validation set, or a prepared folder); or set eval.every: 0 and eval.at_end: false")
     check("schedule.s0 schedule.s1", type(s.s0) is type(s.s1) and s.s1 < s.s0,
           f"schedule.s1 ({s.s1}) must not come before schedule.s0 ({s.s0})")
-    check("deepspeed.offload_optimizer deepspeed.zero_stage", ds.offload_optimizer != "none" and ds.zero_stage == 0,
-          "deepspeed.offload_optimizer: needs zero_stage >= 1")
-    check("deepspeed.offload_param deepspeed.zero_stage", ds.offload_param != "none" and ds.zero_stage != 3,
-          "deepspeed.offload_param: needs zero_stage 3")
-    check("deepspeed.offload_optimizer deepspeed.offload_param deepspeed.nvme_path",
-          "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path,
-          "deepspeed.nvme_path: required for nvme offload")
+    for keys, message in deepspeed_problems(ds):
+        check(" ".join(keys), True, message)
     check("train.steps train.tokens", (t.steps is None) == (t.tokens is None),
           "train.steps / train.tokens: give exactly one (optimizer steps, or a token budget)")
     check("train.grad_accum train.global_batch", t.grad_accum is None and t.global_batch is None,
@@ -386,7 +409,7 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "(org/name, e.g. EleutherAI/pythia-410m-deduped)")
     check("init.revision init.backbone", ini.revision is not None and ini.backbone is None,
           "init.revision: applies to a hub id in init.backbone (org/name); there is no init.backbone")
-    check("init.gates_only_tokens", ini.gates_only_tokens > 0 and cfg.model.get("mode", "adaponder") != "adaponder",
+    check("init.gates_only_tokens", ini.gates_only_tokens > 0 and cfg.model.recurrence != "adaponder",
           "init.gates_only_tokens: only mode 'adaponder' has gates to train")
     return p
 
@@ -435,17 +458,6 @@ def backbone_shape(backbone: str) -> dict[str, Any] | None:
     return {k: src[k] for k in BACKBONE_SHAPE_KEYS if k in src} if isinstance(src, dict) else None
 
 
-def _resolve_data_format(data: DataConfig) -> None:
-    """``data.format: auto``: an indexed PREFIX when ``PATH.idx`` exists, else a prepared (packed) folder, which
-    ``data.prepare`` may still have to write."""
-    if data.format != "auto":
-        return
-    from adaponder.data.indexed import is_indexed_prefix
-
-    indexed = data.path is not None and data.prepare is None and is_indexed_prefix(data.path)
-    data.format = "indexed" if indexed else "packed"
-
-
 # -- loading ----------------------------------------------------------------------------------------------
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """``["optim.lr=3e-4", "train.steps=100"]`` applied to a raw (YAML) mapping."""
@@ -459,8 +471,9 @@ def config_from_dict(raw: Mapping[str, Any] | None, source: str | None = None) -
     bad: set[str] = set()
     sections = typed_config.validate_sections(raw, SECTIONS, problems, bad, others=("model",))
     model = raw.get("model") or {}
-    cfg = TrainConfig(model=dict(model) if isinstance(model, Mapping) else {}, source=source, **sections)
-    _resolve_data_format(cfg.data)
+    cfg = TrainConfig(model=ModelSection.from_mapping(model if isinstance(model, Mapping) else {}), source=source,
+                      **sections)
+    resolve_data_format(cfg.data)
     model_problems = _model_problems(model, cfg.init.backbone is not None)
     problems += model_problems + _cross_problems(cfg, bad)
     if not model_problems and "data.seq_len" not in bad and "init.backbone" not in bad:
@@ -553,5 +566,5 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
 
 
 __all__ = ["TrainConfig", "TrainConfigError", "RunPlan", "load_config", "config_from_dict", "apply_overrides",
-           "plan_run", "build_model_config", "batch_override_problems", "SECTIONS", "backbone_shape",
+           "plan_run", "ModelSection", "batch_override_problems", "SECTIONS", "backbone_shape",
            "BACKBONE_SHAPE_KEYS"]
