@@ -124,3 +124,27 @@ def test_bad_tokenizer_paths_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "empty_dir").mkdir()
     with pytest.raises(InputNotFoundError, match="empty_dir"):
         load_tokenizer(tmp_path / "empty_dir")
+
+
+def test_a_transformers_tokenizer_becomes_the_one_tokenizer_class_with_the_same_ids():
+    """Evaluation holds transformers' ``AutoTokenizer`` objects; ``as_tokenizer`` gives the project's
+    :class:`Tokenizer` over the same backend: the same ids, lossless decoding, EOD and padding from it."""
+    from tokenizers import Tokenizer as Backend
+    from transformers import PreTrainedTokenizerFast
+
+    from adaponder.data.tokenizer import as_tokenizer
+
+    bundled = load_tokenizer()
+    copy = Backend.from_str(bundled._backend.to_str())  # transformers may set truncation/padding on its backend
+    hf = PreTrainedTokenizerFast(tokenizer_object=copy, eos_token="<|endoftext|>")
+    tok = as_tokenizer(hf)
+    assert isinstance(tok, Tokenizer) and as_tokenizer(hf) is tok and as_tokenizer(tok) is tok
+    text = "Hello  world<|endoftext|> — ünïcode\n\ttabs"
+    assert tok.encode(text) == hf(text, add_special_tokens=False)["input_ids"] == bundled.encode(text)
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.eod_id == tok.pad_id == hf.eos_token_id == bundled.eod_id
+    assert tok.fingerprint == bundled.fingerprint  # the same tokenizer, recognised as such
+    assert tok.ids_of("<|endoftext|>") == [tok.eod_id] and tok.ids_of("") == [] and tok.ids_of("hi") == tok.encode("hi")
+    no_eos = PreTrainedTokenizerFast(tokenizer_object=Backend.from_str(bundled._backend.to_str()))
+    with pytest.raises(ValueError, match="no end-of-document"):
+        as_tokenizer(no_eos)

@@ -161,8 +161,8 @@ def test_cli_reports_config_errors(tmp_path, capsys):
 
 def test_tokenizer_and_separator():
     tok = load_glue_tokenizer()
-    assert tok.ids("<|endoftext|>") == [tok.eod_id] and tok.ids("") == []
-    assert tok.ids("hello") == tok.encode("hello")
+    assert tok.ids_of("<|endoftext|>") == [tok.eod_id] and tok.ids_of("") == []
+    assert tok.ids_of("hello") == tok.encode("hello")
 
 
 def test_finetune_smoke_sst2_writes_every_exit_rule(worker, tmp_path, shared_data):

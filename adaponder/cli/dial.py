@@ -23,7 +23,7 @@ from adaponder.evaluation.dial import DEFAULT_TAUS, dial_table, parse_taus, swee
 def main(argv: Sequence[str] | None = None) -> int:
     from adaponder.evaluation import plots
     from adaponder.evaluation.accounting import ONE_PASS_BASELINE
-    from adaponder.evaluation.perplexity import _Codec
+    from adaponder.data.tokenizer import as_tokenizer
     from adaponder.evaluation.settings import load_for_eval, settings_of
 
     p = checkpoint_parser("adaponder-dial", description(dial.__doc__, __doc__), recurrence=False)
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, args.passes, None, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
-    codec = _Codec(tok)
+    codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
     rows = sweep_tau(model, docs, parse_taus(args.taus), window=args.window, stride=args.stride,
                      batch_size=args.batch_size, eod_id=codec.eod_id, pad_id=codec.pad_id)

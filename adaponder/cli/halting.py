@@ -23,7 +23,8 @@ from adaponder.modeling.exits import exit_histogram
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     from adaponder.evaluation import plots
-    from adaponder.evaluation.perplexity import _Codec, score_documents
+    from adaponder.data.tokenizer import as_tokenizer
+    from adaponder.evaluation.perplexity import score_documents
     from adaponder.evaluation.settings import load_for_eval, settings_of
 
     p = checkpoint_parser("adaponder-halting", description(halting.__doc__, __doc__))
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.checkpoint = checkpoint_folder(args)
     model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
-    codec = _Codec(tok)
+    codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
     scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
                              pad_id=codec.pad_id, progress=True)

@@ -17,10 +17,11 @@ from pathlib import Path
 from adaponder.cli.doc import description
 from adaponder.cli.errors import EXIT_NONFINITE, UsageError, add_debug_help, cli_main, require_checkpoint
 from adaponder.cli.eval_args import check_window_args, checkpoint_parser, documents_from_args
+from adaponder.data.tokenizer import as_tokenizer
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
 from adaponder.modeling.input_checks import context_note, context_tokens
-from adaponder.evaluation.perplexity import (TABLE_HEADER, _Codec, check_vocab, format_row, score_documents,
+from adaponder.evaluation.perplexity import (TABLE_HEADER, check_vocab, format_row, score_documents,
                                              summarize_by_source)
 
 
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_vocab(docs, config.vocab_size)
 
     model, _ = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    codec = _Codec(tok)
+    codec = as_tokenizer(tok)
     kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
               pad_id=codec.pad_id, progress=True)
     target = args.target_mean_exit

@@ -27,7 +27,8 @@ from adaponder.cli.eval_args import add_checkpoint_args, add_data_args, checkpoi
 from adaponder.evaluation import plots, report
 from adaponder.evaluation.dial import DEFAULT_TAUS, parse_taus, sweep_tau
 from adaponder.evaluation.halting import hardest_tokens, nll_by_exit_pass
-from adaponder.evaluation.perplexity import _Codec, load_all, score_documents, summarize, summarize_by_source
+from adaponder.data.tokenizer import as_tokenizer
+from adaponder.evaluation.perplexity import load_all, score_documents, summarize, summarize_by_source
 from adaponder.evaluation.pruning import FIXED_RULES
 from adaponder.evaluation.report import (DEFAULT_MAX_TOKENS, HELDOUT_ENV, _eval_data_dir, _jsonable, default_data,
                                          expand_tasks, iso_flops, run_lm_eval, task_manager, unknown_tasks,
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gated = model.config.gated and K > 1
     context = int(model.config.max_position_embeddings)
 
-    codec = _Codec(tok)
+    codec = as_tokenizer(tok)
     docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split, args.packing, args.window)
     score_kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
                     pad_id=codec.pad_id)

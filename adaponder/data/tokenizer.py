@@ -16,6 +16,7 @@ import functools
 import gzip
 import hashlib
 import json
+import weakref
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -102,6 +103,13 @@ class Tokenizer:
         if skip_special_tokens:
             ids = [i for i in ids if not self._backend.is_control(i)]
         return self._backend.decode(ids)
+
+    def ids_of(self, token_or_text: str) -> list[int]:
+        """A special token by name (``<|endoftext|>``) → ``[its id]``; other text → its encoding; ``""`` → ``[]``."""
+        if not token_or_text:
+            return []
+        tid = self.token_to_id(token_or_text)
+        return [tid] if tid is not None else self.encode(token_or_text)
 
     def token_to_id(self, token: str) -> int | None:
         """Id of a token string, or None if it is not in the vocabulary."""
@@ -329,9 +337,37 @@ def load_tokenizer(
     return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, name, eod_token, pad_token)
 
 
-def as_tokenizer(tokenizer: Tokenizer | str | Path | None) -> Tokenizer:
-    """Accept a loaded :class:`Tokenizer`, a path, or None (bundled) and return a :class:`Tokenizer`."""
-    return tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+def as_tokenizer(tokenizer: Any) -> Tokenizer:
+    """The :class:`Tokenizer` of ``tokenizer``: a loaded one as it is; a path, or None (bundled), loaded; a
+    transformers fast tokenizer (what ``AutoTokenizer`` and lm-eval hold) wrapped over its own backend — the same ids,
+    EOD its eos token, padding its pad token (else EOD)."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if tokenizer is None or isinstance(tokenizer, (str, Path)):
+        return load_tokenizer(tokenizer)
+    try:
+        return _WRAPPED[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    if backend is None:
+        raise ValueError(f"tokenizer {name}: a fast tokenizer (tokenizer.json) is needed, got {type(tokenizer).__name__}")
+    eod = getattr(tokenizer, "eos_token_id", None)
+    if eod is None:
+        raise ValueError(f"tokenizer {name} has no end-of-document (eos) token")
+    pad = getattr(tokenizer, "pad_token_id", None)
+    wrapped = Tokenizer(backend, "hf", name=str(name), fingerprint=_hf_fingerprint(json.loads(backend.to_str()), backend),
+                        eod_id=int(eod), pad_id=int(eod if pad is None else pad), source=str(name))
+    try:
+        _WRAPPED[tokenizer] = wrapped
+    except TypeError:  # not weak-referenceable: wrapped again next time
+        pass
+    return wrapped
+
+
+# transformers tokenizers wrapped by as_tokenizer, while they live (their fingerprint costs a pass over the vocabulary)
+_WRAPPED: "weakref.WeakKeyDictionary[Any, Tokenizer]" = weakref.WeakKeyDictionary()
 
 
 __all__ = ["Tokenizer", "load_tokenizer", "as_tokenizer", "bundled_tokenizer_path", "BUNDLED_NAME"]

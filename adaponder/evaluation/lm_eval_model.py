@@ -129,14 +129,16 @@ class AdaPonderLM(HFLM):
 
     # -- fixed-pruning target ------------------------------------------------------------------------
     def _calibrate(self, data: str | None, max_tokens: int) -> float:
-        from .perplexity import _Codec, load_documents, score_documents
+        from adaponder.data.tokenizer import as_tokenizer
+
+        from .perplexity import load_documents, score_documents
 
         if data is None:
             from adaponder.data import bundled_corpus_dir
 
             data = str(bundled_corpus_dir())
         docs = load_documents(data, self.tokenizer, max_tokens=max_tokens)
-        codec = _Codec(self.tokenizer)
+        codec = as_tokenizer(self.tokenizer)
         window = min(self.max_length, context_tokens(self._model.config))
         scores = score_documents(self._model, docs, window=window, eod_id=codec.eod_id, pad_id=codec.pad_id)
         mean = float(scores.exit_pass.mean())

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from adaponder.data.errors import EmptyInputError, VocabRangeError
+from adaponder.data.tokenizer import Tokenizer, as_tokenizer
 from adaponder.errors import UsageError
 from adaponder.modeling.exits import exit_histogram
 from adaponder.modeling.input_checks import context_note, context_tokens
@@ -64,33 +65,6 @@ class Document:
         return int(self.ids.shape[0])
 
 
-class _Codec:
-    """Lossless encode/decode through the tokenizer's backend (no special tokens, no clean-up of spaces)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_backend", None)
-        eod = getattr(tokenizer, "eos_token_id", None)
-        if eod is None:
-            eod = getattr(tokenizer, "eod_id", None)
-        if eod is None:
-            raise ValueError("the tokenizer has no end-of-document (eos) token")
-        self.eod_id = int(eod)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad) if pad is not None else self.eod_id
-
-    def encode(self, text: str) -> list[int]:
-        if self.backend is not None:
-            return self.backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids) -> str:
-        ids = [int(i) for i in ids]
-        if self.backend is not None:
-            return self.backend.decode(ids, skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
 def _read_text(path: Path) -> str:
     raw = path.read_bytes()
     if path.suffix == ".gz":
@@ -108,7 +82,7 @@ def _text_files(path: Path) -> list[Path]:
     return files
 
 
-def _encode_prefix(codec: _Codec, text: str, cap: int | None) -> tuple[list[int], bool]:
+def _encode_prefix(codec: Tokenizer, text: str, cap: int | None) -> tuple[list[int], bool]:
     """Token ids of ``text``, at most ``cap`` of them; encodes only a prefix of a long text when that suffices.
     Returns ``(ids, truncated)``."""
     if cap is not None and len(text) > 16 * cap + 1024:
@@ -144,7 +118,7 @@ def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int
         raise EmptyInputError(f"{path} split {split!r}: fewer than one sample of window + 1 = {window + 1} tokens "
                          f"(stream of {len(stream)} tokens, max_tokens {max_tokens})")
     ids = stream[1:samples * window + 1].astype(np.int64)
-    n_bytes = len(_Codec(tokenizer).decode(ids).encode("utf-8"))
+    n_bytes = len(as_tokenizer(tokenizer).decode(ids).encode("utf-8"))
     return Document(name=f"{path.name}/{split} (stream)", ids=ids, n_bytes=n_bytes, source=str(path),
                     lead=int(stream[0]), packed_window=window)
 
@@ -168,7 +142,7 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
         return [load_stream(src, tokenizer, window, max_tokens, split) for src in sources]
     from adaponder.data.layout import split_documents
 
-    codec = _Codec(tokenizer)
+    codec = as_tokenizer(tokenizer)
     docs: list[Document] = []
     left = max_tokens
     for src in sources:

@@ -54,7 +54,6 @@ from adaponder.hub import describe, is_hub_id
 from adaponder.palbert.config import FinetuneConfig, FinetuneConfigError
 from adaponder.palbert.finetune_inputs import (
     TINY_RANDOM,
-    GlueTokenizer,
     build_classifier,
     default_glue_dir,
     glue_tsv_dir,
@@ -76,7 +75,6 @@ from adaponder.train.resume_checks import OptimizerValues
 from adaponder.train.stopping import EXIT_NONFINITE, TrainingStopped
 
 __all__ = [
-    "GlueTokenizer",
     "load_glue_tokenizer",
     "default_glue_dir",
     "glue_tsv_dir",
@@ -164,7 +162,7 @@ class FineTuner(EvaluationPhases, RunHarness):
         train_full, dev_full = self.glue["train"], self.glue["dev"]
         train = subset(train_full, tcfg.max_examples, tcfg.seed)
         dev = subset(dev_full, cfg.eval.max_examples, 0)
-        enc_kw = dict(sep_ids=tok.ids(cfg.data.sep), suffix_ids=tok.ids(cfg.data.suffix),
+        enc_kw = dict(sep_ids=tok.ids_of(cfg.data.sep), suffix_ids=tok.ids_of(cfg.data.suffix),
                       max_length=cfg.data.max_length)
         encode = lambda s: tok.encode(s.strip())  # noqa: E731  (SST-2 sentences end in a space)
         self.train_ids, self.dev_ids = encode_examples(train, encode, **enc_kw), encode_examples(dev, encode, **enc_kw)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from adaponder.core_modes import classifier_core_mode
+from adaponder.data.tokenizer import Tokenizer, load_tokenizer
 from adaponder.hub import HubError, resolve_pretrained
 from adaponder.palbert.classifier import AdaPonderForSequenceClassification
 from adaponder.palbert.config import FinetuneConfig
@@ -23,32 +22,10 @@ TINY_RANDOM = "tiny-random"
 # --------------------------------------------------------------------------------------------- tokenizer
 
 
-@dataclass
-class GlueTokenizer:
-    """What GLUE batching needs from a tokenizer."""
-
-    encode: Callable[[str], list[int]]
-    token_to_id: Callable[[str], int | None]
-    pad_id: int
-    eod_id: int
-    name: str
-    fingerprint: str = ""
-
-    def ids(self, token_or_text: str) -> list[int]:
-        """A special token by name (``<|endoftext|>``) → its id; other text → its encoding; ``""`` → none."""
-        if not token_or_text:
-            return []
-        tid = self.token_to_id(token_or_text)
-        return [tid] if tid is not None else list(self.encode(token_or_text))
-
-
-def load_glue_tokenizer(path: str | None = None) -> GlueTokenizer:
+def load_glue_tokenizer(path: str | None = None) -> Tokenizer:
     """The project tokenizer (:func:`adaponder.data.tokenizer.load_tokenizer`; the bundled Pythia /
-    GPT-NeoX-20B tokenizer by default)."""
-    from adaponder.data.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(path)
-    return GlueTokenizer(tok.encode, tok.token_to_id, tok.pad_id, tok.eod_id, tok.name, tok.fingerprint)
+    GPT-NeoX-20B tokenizer by default); ``data.sep``/``data.suffix`` become ids with :meth:`Tokenizer.ids_of`."""
+    return load_tokenizer(path)
 
 
 def default_glue_dir() -> str:
@@ -120,5 +97,5 @@ def subset(examples, k: int, seed: int):
     return [examples[i] for i in sorted(order[:k])]
 
 
-__all__ = ["GlueTokenizer", "TINY_RANDOM", "build_classifier", "default_glue_dir", "glue_tsv_dir",
+__all__ = ["TINY_RANDOM", "build_classifier", "default_glue_dir", "glue_tsv_dir",
            "load_glue_tokenizer", "resolve_init", "subset"]
