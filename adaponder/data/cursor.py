@@ -75,11 +75,11 @@ class EpochCursor:
             raise ValueError(f"seed must be >= 0, got {seed}")
 
     @staticmethod
-    def _check_sample_count(num_samples: int, world_size: int, source: str, what: str) -> None:
-        """:class:`CorpusTooSmallError` naming ``source`` when it holds no sample (``what``: the samples it has), or
-        too few to give every rank one."""
+    def _check_sample_count(num_samples: int, world_size: int, source: str, what: str, holds: str = "") -> None:
+        """:class:`CorpusTooSmallError` naming ``source`` when it holds no sample (``what``: its samples; ``holds``:
+        what it has instead, for the message), or too few to give every rank one."""
         if num_samples < 1:
-            raise CorpusTooSmallError(f"{source} holds no {what}; use a smaller seq_len or more data")
+            raise CorpusTooSmallError(f"{source} holds no {what}{holds}; use a smaller seq_len or more data")
         if num_samples < world_size:
             raise CorpusTooSmallError(f"{source} holds {num_samples} {what}, too few to give each of {world_size} "
                                       "ranks one")

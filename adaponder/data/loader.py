@@ -103,10 +103,9 @@ class PackedLoader(EpochCursor):
         self._check_vocab(vocab_size, verify_checksums)
 
         self.num_samples = (self.tokens - 1) // seq_len if self.tokens > seq_len else 0
-        self._check_sample_count(
-            self.num_samples, world_size, f"{self.data_dir} split {split!r}",
-            f"samples of seq_len + 1 = {seq_len + 1} tokens (it has {self.tokens} tokens in {info['documents']} "
-            "documents)" if self.num_samples < 1 else f"samples of {seq_len + 1} tokens")
+        self._check_sample_count(self.num_samples, world_size, f"{self.data_dir} split {split!r}",
+                                 f"samples of seq_len + 1 = {seq_len + 1} tokens",
+                                 f" (it has {self.tokens} tokens in {info['documents']} documents)")
         #: Samples read per epoch by all ranks together (every window; nothing is dropped).
         self.samples_per_epoch = self.num_samples
         self._epoch = 0

@@ -70,10 +70,12 @@ class AttentionRoute:
     """
 
     def __init__(self, config):
-        self.__dict__.update(_config=config, _route=None)
+        self._config = config
+        self._route: str | None = None
 
     def __getattr__(self, name: str):
-        # Only called for what the view does not hold itself; dunder lookups (copy, pickle) stay the view's own.
+        # Only called for what the view does not hold itself; dunder lookups (copy, pickle) stay the view's own, and
+        # an unpickled view asks before its _config is back.
         config = self.__dict__.get("_config")
         if config is None or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
@@ -81,17 +83,16 @@ class AttentionRoute:
 
     @property
     def _attn_implementation(self) -> str | None:
-        return self.__dict__["_route"] or self.__dict__["_config"]._attn_implementation
+        return self._route or self._config._attn_implementation
 
     @contextlib.contextmanager
     def routed(self, name: str):
         """Within the block, the layers' attention is ``name`` (an ``AttentionInterface`` registration)."""
-        previous = self.__dict__["_route"]
-        self.__dict__["_route"] = name
+        previous, self._route = self._route, name
         try:
             yield
         finally:
-            self.__dict__["_route"] = previous
+            self._route = previous
 
 
 __all__ = ["PACKED_ATTENTION", "AttentionRoute", "causal_slot_mask", "packed_attention"]

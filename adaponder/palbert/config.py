@@ -258,8 +258,8 @@ def _cross_problems(cfg: FinetuneConfig, bad: set[str]) -> list[str]:
     allowed = rules_for_method(cfg.model.method)
     check(("train.select_rule", "model.method"), t.select_rule is None or t.select_rule in allowed,
           f"must be null or one of {', '.join(allowed)} for method {cfg.model.method!r}; got {t.select_rule!r}")
-    for keys, message in deepspeed_problems(ds):
-        check(keys, False, message.partition(": ")[2])
+    for keys, problem in deepspeed_problems(ds):
+        check(keys, False, problem)
     return problems
 
 

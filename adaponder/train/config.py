@@ -358,17 +358,16 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
 
 # -- checks across keys (each key's own type and limits are in its annotation) ----------------------------
 def deepspeed_problems(ds: DeepSpeedConfig) -> list[tuple[tuple[str, ...], str]]:
-    """``(keys, message)`` of each setting of a ``deepspeed:`` section that cannot work with another one (the
-    first key is the one the message names); pretraining and fine-tuning configurations both check these."""
+    """``(keys, problem)`` of each setting of a ``deepspeed:`` section that cannot work with another one; the
+    message is ``f"{keys[0]}: {problem}"``. Pretraining and fine-tuning configurations both check these."""
     found = []
     if ds.offload_optimizer != "none" and ds.zero_stage == 0:
-        found.append((("deepspeed.offload_optimizer", "deepspeed.zero_stage"),
-                      "deepspeed.offload_optimizer: needs zero_stage >= 1"))
+        found.append((("deepspeed.offload_optimizer", "deepspeed.zero_stage"), "needs zero_stage >= 1"))
     if ds.offload_param != "none" and ds.zero_stage != 3:
-        found.append((("deepspeed.offload_param", "deepspeed.zero_stage"), "deepspeed.offload_param: needs zero_stage 3"))
+        found.append((("deepspeed.offload_param", "deepspeed.zero_stage"), "needs zero_stage 3"))
     if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
         found.append((("deepspeed.nvme_path", "deepspeed.offload_optimizer", "deepspeed.offload_param"),
-                      "deepspeed.nvme_path: required for nvme offload"))
+                      "required for nvme offload"))
     return found
 
 
@@ -393,8 +392,8 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "Pile's validation set, or a prepared folder); or set eval.every: 0 and eval.at_end: false")
     check("schedule.s0 schedule.s1", type(s.s0) is type(s.s1) and s.s1 < s.s0,
           f"schedule.s1 ({s.s1}) must not come before schedule.s0 ({s.s0})")
-    for keys, message in deepspeed_problems(ds):
-        check(" ".join(keys), True, message)
+    for keys, problem in deepspeed_problems(ds):
+        check(" ".join(keys), True, f"{keys[0]}: {problem}")
     check("train.steps train.tokens", (t.steps is None) == (t.tokens is None),
           "train.steps / train.tokens: give exactly one (optimizer steps, or a token budget)")
     check("train.grad_accum train.global_batch", t.grad_accum is None and t.global_batch is None,
