@@ -114,3 +114,17 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert "adaponder.evaluation.accounting" in graph["adaponder.evaluation.perplexity"]  # ``from .accounting``
     assert "adaponder.modeling.exits" in graph["adaponder.train.metrics"]
     assert any(t.startswith("adaponder.evaluation") for t in graph["adaponder.study.arms"])  # inside a function
+
+
+def test_argument_parsers_live_only_in_the_cli_package():
+    """Library modules expose functions with typed arguments; only ``adaponder/cli`` parses command lines."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "argparse" for n in names):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"argument parsing outside adaponder/cli: {found}"
