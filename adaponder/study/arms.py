@@ -22,7 +22,7 @@ from adaponder.jsonio import json_safe, write_json_atomic
 from .config import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
-RESULT_VERSION = 1
+RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class
 
 
 def arm_id(arm: str, seed: int, data_seed: int | None = None) -> str:
@@ -205,6 +205,13 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                 model, data_dir, tok, batch_size=cfg.eval.batch_size, halting_policy=_never_halt))
             out["difficulty_tau"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus,
                                                                 batch_size=cfg.eval.batch_size))
+        if has_token_labels(data_dir, "dev"):
+            # The development split: where settings (τ, an arm) are chosen; the test split above is then read once.
+            out["difficulty_dev"] = json_safe(evaluate_difficulty(model, data_dir, tok, split="dev",
+                                                                  batch_size=cfg.eval.batch_size, pruning_seeds=()))
+            if model.config.gated:
+                out["difficulty_tau_dev"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus, split="dev",
+                                                                        batch_size=cfg.eval.batch_size))
     out["eval_wall_s"] = time.perf_counter() - t0
     return out
 
