@@ -59,6 +59,8 @@ class StudySection:
     #: A smoke run of the pipeline (the quick profiles): its report is titled as such and gives no verdicts,
     #: since arms trained for a few steps say nothing about the claims.
     pipeline_check: bool = False
+    #: Which settings were chosen on which data, printed in the report beside the figures they may flatter.
+    settings_chosen_on: str | None = None
 
 
 @dataclass
