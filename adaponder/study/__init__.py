@@ -49,6 +49,15 @@ def data_summary(data_dir: Path) -> dict:
 def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh: bool = False, log=print) -> Path:
     """Run every (arm, seed) not finished yet, then write the report. Returns the report's path. ``refresh``
     first re-reads the training summary of every finished arm whose run folder is still there."""
+    from adaponder.run_lock import lock_folder
+
+    # One study per study folder: a second one would re-run an arm's final validation and export, and append
+    # to its metrics, while the first is still at work on it.
+    with lock_folder(cfg.study.runs_dir, "study folder"):
+        return _run_study(cfg, command, only_report, refresh, log)
+
+
+def _run_study(cfg: StudyConfig, command: str, only_report: bool, refresh: bool, log) -> Path:
     from .report import write_report
 
     data_dir = prepare_data(cfg, log)

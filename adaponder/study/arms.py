@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from adaponder.jsonio import json_safe, write_json_atomic
+from adaponder.run_lock import lock_folder
 
 from .config import StudyConfig
 
@@ -49,6 +50,9 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) 
     """Train (or continue training) one arm in a ``launch/pretrain.py`` subprocess; returns its run folder.
     Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions."""
     run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
+    # Another job on this arm's folder (a pretraining started by hand): refused here, naming it, rather than by
+    # the training subprocess, whose failure would advise a rerun that cannot succeed while that job runs.
+    lock_folder(run_dir, "arm run folder").release()
     config_file = run_dir / "arm.yaml"
     wanted = cfg.train_raw(arm, seed, str(data_dir), str(run_dir))
     if config_file.is_file() and yaml.safe_load(config_file.read_text(encoding="utf-8")) != wanted:
@@ -206,11 +210,13 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) ->
         log(f"== {arm_id(arm, seed)}: done earlier ({result_path(cfg, arm, seed)})")
         return done
     run_dir = train_arm(cfg, arm, seed, data_dir, log)
+    held = lock_folder(run_dir, "arm run folder")  # no other job re-trains or re-exports it while it is evaluated
     log(f"== evaluating {arm_id(arm, seed)} on the held-out split")
     result = {"version": RESULT_VERSION, "arm": arm, "seed": seed, "fingerprint": cfg.fingerprint(arm, seed),
               "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
               "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
     write_json_atomic(result_path(cfg, arm, seed), result)
+    held.release()
     h = result["heldout"]
     log(f"== {arm_id(arm, seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "
         f"{h['flops']['total'] / 1e6:.2f} MFLOP/token; train {result['train']['tokens_per_s']:.0f} tok/s")
