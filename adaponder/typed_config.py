@@ -199,7 +199,12 @@ def parse_override(item: str, error: type[ConfigError] = ConfigError) -> tuple[l
         value = load_yaml(raw) if raw.strip() else None
     except YamlError as err:
         raise error([f"--set {item!r}: {err}"]) from None
-    except yaml.YAMLError:
+    except yaml.YAMLError as err:
+        if raw.strip()[:1] in ("[", "{"):  # meant as a list or mapping: its syntax is the problem, not its type
+            what = "a list" if raw.strip()[0] == "[" else "a mapping"
+            reason = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise error([f"--set {item!r}: the value {raw.strip()!r} does not parse as {what} ({reason}); "
+                         f"expected YAML flow syntax, e.g. {'[0.9, 0.95]' if what == 'a list' else '{a: 1}'}"]) from None
         value = raw
     return path, value
 
