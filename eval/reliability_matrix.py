@@ -519,6 +519,16 @@ def _listing(root: Path) -> dict:
         if root.exists() else {}
 
 
+def _with_data(cfg: Path, **values) -> Path:
+    """``cfg`` with these ``data:`` values (``Matrix.config`` takes the toy data's own)."""
+    import yaml
+
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"].update(values)
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
 def case_edge_two_studies(m: Matrix) -> tuple[str, str]:
     """A second study on a study folder whose first study is at work (a process holding the study lock)."""
     root = m.work / "edge-study"
@@ -544,8 +554,8 @@ def case_edge_prepare_over_live_run(m: Matrix) -> tuple[str, str]:
     data = m.work / "edge-live-data" / "prepared"
     shutil.rmtree(data.parent, ignore_errors=True)
     shutil.copytree(m.data["data"], data)
-    cfg = m.config("edge-live-run", train={"steps": 1500}, checkpoint={"every": 500}, logging={"every": 50},
-                   data={"path": str(data)})
+    cfg = _with_data(m.config("edge-live-run", train={"steps": 1500}, checkpoint={"every": 500},
+                              logging={"every": 50}), path=str(data))
     run = cfg.parent / "run"
     shutil.rmtree(run, ignore_errors=True)
     first = m.start("-m", "adaponder.cli.pretrain", "--config", cfg)
@@ -612,7 +622,7 @@ def case_edge_list_does_not_parse(m: Matrix) -> tuple[str, str]:
 
 
 def case_edge_small_split_warns(m: Matrix) -> tuple[str, str]:
-    cfg = m.config("edge-small", train={"steps": 1, "micro_batch": 64, "grad_accum": 64}, data={"seq_len": 63})
+    cfg = _with_data(m.config("edge-small", train={"steps": 1, "micro_batch": 64, "grad_accum": 64}), seq_len=63)
     shutil.rmtree(cfg.parent / "run", ignore_errors=True)
     p = m.pretrain(cfg)
     if p.rc != 0:

@@ -128,9 +128,10 @@ def test_a_schedule_the_run_cannot_carry_out_is_one_error_and_nothing_is_written
 
 
 def test_odd_schedules_and_a_split_smaller_than_a_batch_warn_with_their_sizes(tmp_path, data):
-    cfg = write_config(tmp_path / "run.yaml", tiny_train_config(
-        data["data"], data["tokenizer"], tmp_path / "run", train={"steps": 2, "micro_batch": 64, "grad_accum": 64},
-        schedule={"s0": 1, "s1": 5}, eval={"at_end": False}, data={"seq_len": 63}))
+    raw = tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run", schedule={"s0": 1, "s1": 5},
+                            train={"steps": 2, "micro_batch": 64, "grad_accum": 64}, eval={"at_end": False})
+    raw["data"]["seq_len"] = 63
+    cfg = write_config(tmp_path / "run.yaml", raw)
     p = _pretrain(cfg)
     assert p.returncode == 0, p.stderr[-3000:]
     warnings = _lines(p.stderr, "warning: ")
@@ -207,7 +208,7 @@ def test_a_list_that_does_not_parse_and_a_path_through_a_file_are_named(tmp_path
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run"))
     before = _snapshot(tmp_path)
     _one_error(_pretrain(cfg, "--set", "optim.betas=[0.9,0.95"),
-               "--set 'optim.betas=[0.9,0.95': the value '[0.9,0.95' does not parse as a list")
+               "optim.betas: '[0.9,0.95' does not parse as a list", "expected YAML flow syntax")
     (tmp_path / "afile").write_text("x")
     before = _snapshot(tmp_path)
     _one_error(_pretrain(cfg, "--set", f"train.out_dir={tmp_path / 'afile' / 'run'}"),
