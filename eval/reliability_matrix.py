@@ -622,7 +622,7 @@ def case_edge_list_does_not_parse(m: Matrix) -> tuple[str, str]:
 
 
 def case_edge_small_split_warns(m: Matrix) -> tuple[str, str]:
-    cfg = _with_data(m.config("edge-small", train={"steps": 1, "micro_batch": 64, "grad_accum": 64}), seq_len=63)
+    cfg = _with_data(m.config("edge-small", train={"steps": 2, "micro_batch": 64, "grad_accum": 64}), seq_len=63)
     shutil.rmtree(cfg.parent / "run", ignore_errors=True)
     p = m.pretrain(cfg)
     if p.rc != 0:
