@@ -52,17 +52,35 @@ from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
 from .pruning import make_policy
-from .settings import check_exit_rule, recurrence_overrides, require_finite_weights, settings_of
+from .settings import (check_exit_rule, recurrence_overrides, require_finite_weights, require_readable_weights,
+                       settings_of)
 
 log = logging.getLogger("adaponder.evaluation")
 
 
-def _as_int(v):
-    return None if v is None or v == "" else int(v)
+def _as_int(v, name: str = "value"):
+    """A model argument that must be a whole number (``--model_args name=v``), or None when not given."""
+    if v is None or v == "" or v == "None":
+        return None
+    try:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        return int(v) if isinstance(v, (int, float)) else int(str(v).strip())
+    except ValueError:
+        from adaponder.errors import UsageError
+
+        raise UsageError(f"--model_args {name}={v}: not an integer; expected a whole number (e.g. {name}=4)") from None
 
 
-def _as_float(v):
-    return None if v is None or v == "" else float(v)
+def _as_float(v, name: str = "value"):
+    if v is None or v == "" or v == "None":
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        from adaponder.errors import UsageError
+
+        raise UsageError(f"--model_args {name}={v}: not a number; expected a number (e.g. {name}=0.5)") from None
 
 
 @register_model("adaponder")
@@ -81,14 +99,19 @@ class AdaPonderLM(HFLM):
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
         if isinstance(ckpt, (str, os.PathLike)):  # a hub id (+ revision) is read from its cached snapshot folder
             ckpt = checkpoint_source(ckpt, kwargs.pop("revision", None))
+            require_readable_weights(ckpt)
         if tau is not None and halting_threshold is not None and float(tau) != float(halting_threshold):
             raise ValueError("give either halting_threshold or tau, not both")
         check_exit_rule(exit_rule)
+        # whole numbers, checked before the model loads (lm-eval hands model_args over as strings)
+        draft_tokens = _as_int(speculative_draft_tokens, "speculative_draft_tokens")
+        draft_passes = _as_int(speculative_draft_passes, "speculative_draft_passes")
+        passes = _as_int(passes, "passes")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
         if isinstance(ckpt, (str, os.PathLike)):  # K and τ are built in (HFLM hands these on to from_pretrained)
-            kwargs.update(recurrence_overrides(ckpt, _as_int(passes), _as_float(halting_threshold if tau is None
+            kwargs.update(recurrence_overrides(ckpt, passes, _as_float(halting_threshold if tau is None
                                                                                  else tau)))
         elif passes is not None or halting_threshold is not None or tau is not None:
             raise ValueError("passes and halting_threshold apply to a checkpoint path; build a model instance "
@@ -115,10 +138,10 @@ class AdaPonderLM(HFLM):
         model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         model.register_forward_hook(self._post_hook, with_kwargs=True)
         self.speculative = None
-        if speculative_draft_tokens not in (None, "", "None", 0, "0"):
+        if draft_tokens:
             from adaponder.modeling.speculative import SpeculativeConfig
 
-            self.speculative = SpeculativeConfig(_as_int(speculative_draft_passes), _as_int(speculative_draft_tokens))
+            self.speculative = SpeculativeConfig(draft_passes, draft_tokens)
             self.speculative.check(model.config.num_passes)
         AdaPonderLM.instances.append(self)
 
