@@ -23,7 +23,10 @@ from adaponder.run_lock import lock_folder
 from .config import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
-RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class
+RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class (labelled tasks only)
+#: Versions whose results still stand: a text study's evaluation is the same in both (what version 2 added is
+#: for labelled tasks, whose fingerprints changed with it).
+READABLE_VERSIONS = (1, 2)
 
 
 def arm_id(arm: str, seed: int, data_seed: int | None = None) -> str:
@@ -48,7 +51,7 @@ def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = N
     if not path.is_file():
         return None
     res = json.loads(path.read_text(encoding="utf-8"))
-    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") != RESULT_VERSION:
+    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") not in READABLE_VERSIONS:
         return None
     return res
 
