@@ -323,6 +323,8 @@ class TrainConfig:
         for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0)):
             if what["schedule"].get(key) == default:
                 del what["schedule"][key]
+        if not what["init"].get("gates_alone"):
+            del what["init"]["gates_alone"]
         # Fault-injection keys the debug section once held (empty in every real run): hashed as they were, so
         # the fingerprints of earlier runs stay the same.
         what["debug"] = {"nonfinite_steps": [], "nonfinite_rank": None, "crash_in_save_at": None, **what["debug"]}
