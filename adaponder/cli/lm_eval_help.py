@@ -19,7 +19,7 @@ EPILOG = """\
 examples:
   adaponder-eval runs/demo/hf --tasks adaponder_lambada_openai --limit 100 --batch_size 8
   adaponder-eval your-org/adaponder-410m --model_args revision=v1 --tasks adaponder_piqa   # a hub id
-  adaponder-eval --model_args checkpoint=CKPT,halting_threshold=0.1,exit_rule=uniform \\
+  adaponder-eval --model_args checkpoint=CKPT,tau=0.1,exit_rule=uniform \\
       --tasks adaponder_suite --num_fewshot 5 --output_path out/
   adaponder-eval ls tasks                 # lm-eval's subcommands work too (ls, validate)
 

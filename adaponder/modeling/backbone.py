@@ -146,7 +146,7 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
 
     The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
     source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
-    recurrence fields (``passes``, ``input_scale``, ``halting_threshold``, …).
+    recurrence fields (``passes``, ``input_scale``, …).
     """
     import os
 
@@ -175,7 +175,7 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
     values = {k: src_cfg[k] for k in shape_keys if k in src_cfg}
     if isinstance(source, cls):
         values.update({k: src_cfg[k] for k in ("input_scale", "embedding_multiplier", "gate_hidden_mult",
-                                                  "gate_activation", "gate_init_bias", "halting_threshold")})
+                                                  "gate_activation", "gate_init_bias")})
         if mode == src_cfg["mode"]:
             values["passes"] = src_cfg["passes"]
     values["mode"] = mode

@@ -80,6 +80,8 @@ class Trainer(RunHarness):
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         super().__init__(resume)
         self.cfg = cfg
+        #: How the training forward and validation run the model (τ, compaction, chunking): never its config.
+        self.run_settings = cfg.run_settings()
         self.schedule_changes: list[str] = []  # allowed by train.allow_schedule_change on resume
 
     # ---- set-up hooks ---------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class Trainer(RunHarness):
         self.consecutive_skips = 0
         self.skipped_total = 0
         self._skipped_window = 0  # skipped steps since the last train record
-        self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
+        self.gate_watch = GateWatch(self.run_settings.tau, self.plan.s0)
 
     def run_info(self) -> dict[str, Any]:
         return {**self.cfg.to_dict(), "plan": vars(self.plan)}
@@ -263,7 +265,7 @@ class Trainer(RunHarness):
             g["lr"] = lr
         ps = ponder_schedule(step, s0=plan.s0, s1=plan.s1, k_max=cfg.schedule.k_max, weight=cfg.schedule.ponder_weight)
         gw = gate_warmup(step, regime=cfg.schedule.gate_warmup, s0=plan.s0, s1=plan.s1, floor=cfg.schedule.gate_floor,
-                         tau=self.model.config.halting_threshold) if self.gated else None
+                         tau=self.run_settings.tau) if self.gated else None
         st = self._set_stage(step, gates_bypassed=gw is not None and gw.bypass)
         warmup_kw = {} if gw is None else {"gate_warmup": gw}
 
@@ -275,7 +277,7 @@ class Trainer(RunHarness):
             if cfg.debug.trace_batches:
                 self._trace(step, x)
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
-                         **warmup_kw)
+                         settings=self.run_settings, **warmup_kw)
             loss, lm, pl = training_loss(out, ps)
             M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
             engine.backward(loss)
@@ -312,7 +314,7 @@ class Trainer(RunHarness):
         logged = (step + 1) % cfg.logging.every == 0 or step + 1 == plan.total_steps
         if logged and out.gate_values is not None:  # the last micro-batch's gates (a host read: logged steps only)
             result["gate_median"], result["gate_halt_share"] = gate_stats(
-                out.gate_values, out.gate_mask, self.model.config.halting_threshold)
+                out.gate_values, out.gate_mask, self.run_settings.tau)
         return result
 
     @staticmethod
@@ -345,7 +347,7 @@ class Trainer(RunHarness):
         model = engine.module
         zero3 = cfg.deepspeed.zero_stage == 3
         # Under ZeRO-3 every rank must run the same module sequence (parameter all-gathers): no early exit.
-        compact = False if zero3 else None
+        settings = self.run_settings.replace(compact=False) if zero3 else self.run_settings
         engine.eval()
         vec = eval_vector(self.k_passes, self.device)
         mb = cfg.eval.micro_batch or self.plan.micro_batch
@@ -357,10 +359,10 @@ class Trainer(RunHarness):
             for x, counted in tqdm(deal(batches, self.rank, self.world_size), desc="validation", unit="batch",
                                    total=max_batches, disable=not shown, leave=False):
                 if counted:
-                    eval_batch(engine, x.to(self.device), vec, self.k_passes, compact)
+                    eval_batch(engine, x.to(self.device), vec, self.k_passes, settings)
                 elif zero3:  # the same number of forward calls on every rank (each gathers parameters); discarded
                     eval_batch(engine, x.to(self.device), eval_vector(self.k_passes, self.device), self.k_passes,
-                               compact)
+                               settings)
         finally:
             engine.train()
         if dist.is_initialized() and self.world_size > 1:
@@ -471,7 +473,7 @@ class Trainer(RunHarness):
         rec.update({f"train_{k}": v for k, v in
                     compute_saved(self.model, res["exit_hist"], self.plan.seq_len).items() if k == "flops_saved"})
         if self.gated:
-            rec["tau"] = float(self.model.config.halting_threshold)
+            rec["tau"] = self.run_settings.tau
         self.sink.log(rec, M.train_line(self.step, self.plan.total_steps, rec))
         self.throughput.reset()
         self._skipped_window = 0
