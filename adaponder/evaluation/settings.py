@@ -65,7 +65,9 @@ class RecurrenceSettings:
 
     def lines(self) -> list[str]:
         rule = self.exit_rule
-        if rule != "learned":
+        if rule not in EXIT_RULES:  # an exit rule object given in Python: its repr
+            pass
+        elif rule != "learned":
             rule += f" (fixed pruning, target mean exit pass {self.target_mean_exit:.4f}, seed {self.pruning_seed})"
         else:
             rule += " (gates, A6: halt after pass i when s^i < τ)"
