@@ -151,7 +151,8 @@ class AdaPonderConfig(GPTNeoXConfig):
         Every problem — unknown keys, wrong types, inconsistent values — is reported in one
         :class:`AdaPonderConfigError` that names the source file.
         """
-        problems = [f"unknown key '{k}'" for k in values if k not in cls.known_keys()]
+        problems = [f"'{k}' is a run-time setting (passed per call in a RunSettings), not part of the model config"
+                    if k in LEGACY_RUN_KEYS else f"unknown key '{k}'" for k in values if k not in cls.known_keys()]
         type_problems = _type_problems(cls, values)
         problems += type_problems
         # Values of the wrong type are reported above; check the rest against each other.
