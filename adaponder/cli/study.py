@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a study-file value, e.g. base.train.tokens=8192 (repeatable)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
+    p.add_argument("--train-only", action="store_true",
+                   help="train every run not trained yet and stop (no evaluation, no report): a later run "
+                        "evaluates the checkpoints without training them again")
     p.add_argument("--refresh-training", action="store_true",
                    help="re-read the training summaries (curves, gate statistics) of finished arms from their run "
                         "folders into the stored results; nothing is retrained or re-evaluated")
@@ -48,7 +51,8 @@ def main(argv=None) -> int:
     shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in flags]
     command = "python launch/study.py " + " ".join(shlex.quote(a) for a in shown)
     try:
-        run_study(cfg, command, only_report=args.report_only, refresh=args.refresh_training)
+        run_study(cfg, command, only_report=args.report_only, refresh=args.refresh_training,
+                  train_only=args.train_only)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

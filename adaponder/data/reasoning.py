@@ -9,7 +9,10 @@ The answer is predicted at the position of ``sX`` itself, so one pass can apply 
 the next pass can apply it again to the prediction fed back (the pondering embedding, A3-A4).
 
 Training documents ask ``H = 1`` of every symbol (so ``f`` itself is learnable) but ``H >= 2`` only of the
-*train* half of the symbols; validation documents ask every ``H`` of the other half. A model can only answer a
+*train* symbols; validation documents ask every ``H`` of the held-out ones. With ``dev_fraction > 0`` the held-out
+symbols are split in two disjoint sets: a *development* set (split ``dev``), on which settings may be chosen, and
+a *test* set (split ``val``), scored once at the end. The training split does not depend on ``dev_fraction``.
+The data seed (``seed``) draws the permutation, the held-out symbols and every document. A model can only answer a
 held-out ``H >= 2`` query by composing ``f`` — it has never seen that composition — which is the serial
 computation a looped model's passes can supply and a shallow model's cannot. The difficulty of an answer token
 is ``H``, known by construction.
@@ -65,7 +68,8 @@ class MultiHopSpec:
     train_docs: int = 20000
     val_docs: int = 500
     held_out_fraction: float = 0.5  # of the symbols: never asked with H >= 2 in training
-    seed: int = 0
+    seed: int = 0                   # the data seed: permutation, held-out symbols, documents
+    dev_fraction: float = 0.0       # of the held-out symbols: the development split's (the rest is the test split)
 
     def problems(self) -> list[str]:
         out = []
@@ -84,7 +88,19 @@ class MultiHopSpec:
             out.append(f"train_docs / val_docs: {self.train_docs} / {self.val_docs}, expected at least 1 each")
         if not 0 < self.held_out_fraction < 1:
             out.append(f"held_out_fraction: {self.held_out_fraction}, expected strictly between 0 and 1")
+        if not 0 <= self.dev_fraction < 1:
+            out.append(f"dev_fraction: {self.dev_fraction}, expected 0 (no development split) or strictly between 0 and 1")
+        elif self.dev_fraction and 0 < self.held_out_fraction < 1 and self.symbols >= 4:
+            held = int(round(self.held_out_fraction * self.symbols))
+            dev = int(round(self.dev_fraction * held))
+            if dev < 1 or dev >= held:
+                out.append(f"dev_fraction: {self.dev_fraction} of {held} held-out symbols leaves {dev} for development "
+                           f"and {held - dev} for test; expected at least 1 in each")
         return out
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", "val", "dev") if self.dev_fraction else ("train", "val")
 
 
 class Vocabulary:
@@ -121,11 +137,29 @@ def permutation(spec: MultiHopSpec) -> np.ndarray:
 
 
 def held_out_symbols(spec: MultiHopSpec) -> np.ndarray:
-    """Boolean mask of the symbols whose ``H >= 2`` queries appear only in validation."""
+    """Boolean mask of the symbols whose ``H >= 2`` queries never appear in training (development and test)."""
     n = int(round(spec.held_out_fraction * spec.symbols))
     mask = np.zeros(spec.symbols, dtype=bool)
     mask[np.random.default_rng([spec.seed, 1]).choice(spec.symbols, size=n, replace=False)] = True
     return mask
+
+
+def dev_symbols(spec: MultiHopSpec) -> np.ndarray:
+    """Boolean mask of the development symbols: ``dev_fraction`` of the held-out ones (none when it is 0). Drawn
+    from its own stream, so the held-out set, and with it the training split, is the same with or without it."""
+    held = np.flatnonzero(held_out_symbols(spec))
+    mask = np.zeros(spec.symbols, dtype=bool)
+    n = int(round(spec.dev_fraction * len(held)))
+    if n:
+        mask[np.random.default_rng([spec.seed, 4]).choice(held, size=n, replace=False)] = True
+    return mask
+
+
+def symbol_sets(spec: MultiHopSpec) -> dict[str, np.ndarray]:
+    """Symbol indices asked with ``H >= 2`` by each split: ``train``, ``dev`` (maybe empty) and ``test``
+    (asked by the ``val`` split); pairwise disjoint."""
+    held, dev = held_out_symbols(spec), dev_symbols(spec)
+    return {"train": np.flatnonzero(~held), "dev": np.flatnonzero(dev), "test": np.flatnonzero(held & ~dev)}
 
 
 def _compose(f: np.ndarray, x: np.ndarray, hops: np.ndarray) -> np.ndarray:
@@ -137,22 +171,25 @@ def _compose(f: np.ndarray, x: np.ndarray, hops: np.ndarray) -> np.ndarray:
 
 def generate_split(spec: MultiHopSpec, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, labels) of one split: ``n_docs × doc_tokens`` each, documents back to back."""
+    if split not in spec.splits:
+        raise ValueError(f"split {split!r}: expected one of {', '.join(spec.splits)}")
     vocab = Vocabulary(spec)
-    f, held = permutation(spec), held_out_symbols(spec)
+    f, sets = permutation(spec), symbol_sets(spec)
     n_docs = spec.train_docs if split == "train" else spec.val_docs
-    rng = np.random.default_rng([spec.seed, 2 if split == "train" else 3])
+    rng = np.random.default_rng([spec.seed, {"train": 2, "val": 3, "dev": 5}[split]])
     q, L = spec.queries, spec.doc_tokens
     # Each document holds every hop count equally often, in a random order.
     hops = np.tile(np.arange(1, spec.max_hops + 1), (n_docs, q // spec.max_hops))
     hops = rng.permuted(hops, axis=1)
-    # Query symbols: validation asks only held-out symbols; training asks any symbol at H = 1 and only
-    # train-half symbols at H >= 2.
-    train_half, held_half = np.flatnonzero(~held), np.flatnonzero(held)
+    # Query symbols: training asks any symbol at H = 1 and only train symbols at H >= 2; validation (test) and
+    # development ask only their own held-out symbols.
     if split == "train":
+        train_set = sets["train"]
         x = np.where(hops == 1, rng.integers(0, spec.symbols, hops.shape),
-                     train_half[rng.integers(0, len(train_half), hops.shape)])
+                     train_set[rng.integers(0, len(train_set), hops.shape)])
     else:
-        x = held_half[rng.integers(0, len(held_half), hops.shape)]
+        own = sets["test" if split == "val" else "dev"]
+        x = own[rng.integers(0, len(own), hops.shape)]
     y = _compose(f, x, hops)
     # Filler: the doc's spare tokens split into q + 1 runs (before, between and after the queries).
     spare = L - 1 - QUERY_TOKENS * q
@@ -204,7 +241,7 @@ def write_multihop(out_dir: str | os.PathLike[str], spec: MultiHopSpec = MultiHo
         tok = load_tokenizer(tmp / TOKENIZER_FILE)
         dtype = dtype_for_vocab(vocab.size)
         splits, max_id = {}, 0
-        for split in ("train", "val"):
+        for split in spec.splits:
             tokens, labels = generate_split(spec, split)
             writer = _ShardWriter(tmp, split, dtype, shard_tokens=1 << 24)
             writer.write(tokens)
@@ -225,7 +262,7 @@ def write_multihop(out_dir: str | os.PathLike[str], spec: MultiHopSpec = MultiHo
             "eod_placement": "after every document",
             "dtype": dtype.name,
             "max_token_id": max_id,
-            "documents": spec.train_docs + spec.val_docs,
+            "documents": sum(s["documents"] for s in splits.values()),
             "tokens": sum(s["tokens"] for s in splits.values()),
             "splits": splits,
             "sources": [],
@@ -270,7 +307,7 @@ def read_token_labels(data_dir: str | os.PathLike[str], split: str = "val") -> l
 
 
 __all__ = ["CLASS_NAMES", "FILLER", "MultiHopSpec", "PROMPT", "STRUCTURE", "TASKS", "Vocabulary",
-           "generate_split", "has_token_labels", "held_out_symbols", "permutation", "read_token_labels", "write_multihop"]
+           "dev_symbols", "generate_split", "has_token_labels", "held_out_symbols", "symbol_sets", "permutation", "read_token_labels", "write_multihop"]
 
 
 if __name__ == "__main__":  # the command line lives in adaponder.cli; say so rather than exit silently

@@ -16,21 +16,21 @@ from .arms import arm_id, load_result, refresh_training, run_arm
 from .config import StudyConfig, StudyConfigError, load_study_config
 
 
-def prepare_data(cfg: StudyConfig, log=print) -> Path:
+def prepare_data(cfg: StudyConfig, log=print, data_seed: int | None = None) -> Path:
     """Tokenize the corpus once (BPE trained on the train split) into ``<runs_dir>/data-<hash>``, or generate the
-    configured synthetic task there."""
+    configured synthetic task there (with ``data_seed`` as the task's seed, when given)."""
     from adaponder.data import bundled_corpus_dir
     from adaponder.data.prepare import prepare
 
-    key = hashlib.sha256(json.dumps(cfg.data.identity(), sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(cfg.data_identity(data_seed), sort_keys=True).encode()).hexdigest()[:12]
     out = Path(cfg.study.runs_dir) / f"data-{key}"
     if (out / "meta.json").is_file():
         return out
     if cfg.data.task == "multihop":
         from adaponder.data.reasoning import MultiHopSpec, write_multihop
 
-        log(f"== generating the multihop task into {out}")
-        write_multihop(out, MultiHopSpec(**cfg.data.task_options), overwrite=out.exists())
+        log(f"== generating the multihop task into {out}" + ("" if data_seed is None else f" (data seed {data_seed})"))
+        write_multihop(out, MultiHopSpec(**cfg.task_options(data_seed)), overwrite=out.exists())
         return out
     inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.corpus]
     log(f"== preparing {', '.join(cfg.data.corpus)} into {out} (tokenizer: BPE, {cfg.data.vocab} entries)")
@@ -46,24 +46,31 @@ def data_summary(data_dir: Path) -> dict:
             "vocab_size": meta["vocab_size"], "task": meta.get("task")}
 
 
-def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh: bool = False, log=print) -> Path:
-    """Run every (arm, seed) not finished yet, then write the report. Returns the report's path. ``refresh``
-    first re-reads the training summary of every finished arm whose run folder is still there."""
+def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh: bool = False, log=print,
+              train_only: bool = False) -> Path | None:
+    """Run every (arm, seed, data seed) not finished yet, then write the report. Returns the report's path.
+    ``refresh`` first re-reads the training summary of every finished arm whose run folder is still there;
+    ``train_only`` trains what is missing and writes neither results nor the report (returns None)."""
     from .report import write_report
 
-    data_dir = prepare_data(cfg, log)
     runs = cfg.arm_runs()
+    data_dirs = {ds: prepare_data(cfg, log, ds) for ds in dict.fromkeys(ds for _, _, ds in runs)}
     if refresh:
-        for arm, seed in runs:
-            refresh_training(cfg, arm, seed, log)
+        for arm, seed, ds in runs:
+            refresh_training(cfg, arm, seed, log, ds)
     results = []
-    for i, (arm, seed) in enumerate(runs, 1):
-        log(f"== [{i}/{len(runs)}] {arm_id(arm, seed)}")
-        res = load_result(cfg, arm, seed) if only_report else run_arm(cfg, arm, seed, data_dir, log)
+    for i, (arm, seed, ds) in enumerate(runs, 1):
+        log(f"== [{i}/{len(runs)}] {arm_id(arm, seed, ds)}")
+        if only_report:
+            res = load_result(cfg, arm, seed, ds)
+        else:
+            res = run_arm(cfg, arm, seed, data_dirs[ds], log, ds, train_only=train_only)
         if res is not None:
             results.append(res)
-    pending = [arm_id(a, s) for a, s in runs if load_result(cfg, a, s) is None]
-    report = write_report(cfg, results, data_summary(data_dir), command, pending)
+    if train_only:
+        return None
+    pending = [arm_id(a, s, ds) for a, s, ds in runs if load_result(cfg, a, s, ds) is None]
+    report = write_report(cfg, results, data_summary(next(iter(data_dirs.values()))), command, pending)
     log(f"== report: {report}")
     return report
 

@@ -24,40 +24,54 @@ from adaponder.modeling.run_settings import RunSettings
 from .config import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
-RESULT_VERSION = 1
+RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class
 
 
-def arm_id(arm: str, seed: int) -> str:
-    return f"{arm}-s{seed}"
+def arm_id(arm: str, seed: int, data_seed: int | None = None) -> str:
+    return f"{arm}-s{seed}" if data_seed is None else f"{arm}-s{seed}-d{data_seed}"
 
 
-def result_path(cfg: StudyConfig, arm: str, seed: int) -> Path:
-    return Path(cfg.study.results_dir) / f"{arm_id(arm, seed)}.json"
+def result_id(res: dict) -> str:
+    return arm_id(res["arm"], res["seed"], res.get("data_seed"))
 
 
-def load_result(cfg: StudyConfig, arm: str, seed: int) -> dict | None:
-    """The stored result of (arm, seed) if it was produced by the current configuration."""
-    path = result_path(cfg, arm, seed)
+def result_path(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> Path:
+    return Path(cfg.study.results_dir) / f"{arm_id(arm, seed, data_seed)}.json"
+
+
+def run_dir_of(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> Path:
+    return Path(cfg.study.runs_dir) / arm_id(arm, seed, data_seed)
+
+
+def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> dict | None:
+    """The stored result of (arm, seed, data seed) if it was produced by the current configuration."""
+    path = result_path(cfg, arm, seed, data_seed)
     if not path.is_file():
         return None
     res = json.loads(path.read_text(encoding="utf-8"))
-    if res.get("fingerprint") != cfg.fingerprint(arm, seed) or res.get("version") != RESULT_VERSION:
+    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") != RESULT_VERSION:
         return None
     return res
 
 
 # -- training -----------------------------------------------------------------------------------------------
-def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) -> Path:
+def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
+              data_seed: int | None = None) -> Path:
     """Train (or continue training) one arm in a ``launch/pretrain.py`` subprocess; returns its run folder.
-    Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions."""
-    run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
+    Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions. An arm started from
+    another (``from_arm``) trains that one first when its checkpoint is not there."""
+    run_dir = run_dir_of(cfg, arm, seed, data_seed)
+    arm_dirs = {}
+    source = cfg.arms[arm].get("from_arm")
+    if source is not None:
+        arm_dirs[source] = str(train_arm(cfg, source, seed, data_dir, log, data_seed) / "hf")
     config_file = run_dir / "arm.yaml"
-    wanted = cfg.train_raw(arm, seed, str(data_dir), str(run_dir))
+    wanted = cfg.train_raw(arm, seed, str(data_dir), str(run_dir), arm_dirs)
     if config_file.is_file() and yaml.safe_load(config_file.read_text(encoding="utf-8")) != wanted:
         # Trained (or begun) under another configuration: neither reuse nor resume it; keep it aside.
         stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(stale)
-        log(f"== {arm_id(arm, seed)}: the run folder was trained under another configuration; moved to {stale}")
+        log(f"== {arm_id(arm, seed, data_seed)}: the run folder was trained under another configuration; moved to {stale}")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(wanted, sort_keys=False), encoding="utf-8")
     wall_file = run_dir / "study_wall.json"
@@ -65,14 +79,14 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) 
     if (run_dir / "hf" / "config.json").is_file() and _finished(run_dir):
         return run_dir
     cmd = [sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(config_file), "--resume", "auto"]
-    log(f"== training {arm_id(arm, seed)}: {' '.join(cmd[1:])}")
+    log(f"== training {arm_id(arm, seed, data_seed)}: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     proc = subprocess.run(cmd, cwd=os.getcwd(), env=env)
     wall += time.perf_counter() - t0
     write_json_atomic(wall_file, {"seconds": wall})
     if proc.returncode != 0:
-        raise RuntimeError(f"training {arm_id(arm, seed)} failed with exit code {proc.returncode} "
+        raise RuntimeError(f"training {arm_id(arm, seed, data_seed)} failed with exit code {proc.returncode} "
                            f"(log above; config {config_file}); rerun the study to resume it")
     return run_dir
 
@@ -119,19 +133,19 @@ def training_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def refresh_training(cfg: StudyConfig, arm: str, seed: int, log=print) -> bool:
+def refresh_training(cfg: StudyConfig, arm: str, seed: int, log=print, data_seed: int | None = None) -> bool:
     """Re-read a finished arm's training summary from its run folder into its stored result (no training, no
     evaluation): for results stored before the summary carried something it carries now. False when the result
     or the run folder's metrics are missing."""
-    res = load_result(cfg, arm, seed)
-    run_dir = Path(cfg.study.runs_dir) / arm_id(arm, seed)
+    res = load_result(cfg, arm, seed, data_seed)
+    run_dir = run_dir_of(cfg, arm, seed, data_seed)
     if res is None or not (run_dir / "metrics.jsonl").is_file():
         return False
     fresh = json_safe(training_summary(run_dir))
     if not math.isfinite(fresh.get("wall_s") or float("nan")):
         fresh["wall_s"] = res["train"].get("wall_s")
-    write_json_atomic(result_path(cfg, arm, seed), {**res, "train": fresh})
-    log(f"== {arm_id(arm, seed)}: training summary re-read from {run_dir / 'metrics.jsonl'}")
+    write_json_atomic(result_path(cfg, arm, seed, data_seed), {**res, "train": fresh})
+    log(f"== {arm_id(arm, seed, data_seed)}: training summary re-read from {run_dir / 'metrics.jsonl'}")
     return True
 
 
@@ -194,6 +208,13 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                 model, data_dir, tok, batch_size=cfg.eval.batch_size, settings=_NEVER_HALT))
             out["difficulty_tau"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus,
                                                                 batch_size=cfg.eval.batch_size))
+        if has_token_labels(data_dir, "dev"):
+            # The development split: where settings (τ, an arm) are chosen; the test split above is then read once.
+            out["difficulty_dev"] = json_safe(evaluate_difficulty(model, data_dir, tok, split="dev",
+                                                                  batch_size=cfg.eval.batch_size, pruning_seeds=()))
+            if model.config.gated:
+                out["difficulty_tau_dev"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus, split="dev",
+                                                                        batch_size=cfg.eval.batch_size))
     out["eval_wall_s"] = time.perf_counter() - t0
     return out
 
@@ -202,23 +223,29 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
 _NEVER_HALT = RunSettings(exit_rule=NoHalting())
 
 
-def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print) -> dict:
-    """Train and evaluate (arm, seed) unless its result is already stored; returns the result."""
-    done = load_result(cfg, arm, seed)
+def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, data_seed: int | None = None,
+            train_only: bool = False) -> dict | None:
+    """Train and evaluate (arm, seed, data seed) unless its result is already stored; returns the result
+    (None with ``train_only``, which trains and stops there)."""
+    done = load_result(cfg, arm, seed, data_seed)
     if done is not None:
-        log(f"== {arm_id(arm, seed)}: done earlier ({result_path(cfg, arm, seed)})")
+        log(f"== {arm_id(arm, seed, data_seed)}: done earlier ({result_path(cfg, arm, seed, data_seed)})")
         return done
-    run_dir = train_arm(cfg, arm, seed, data_dir, log)
-    log(f"== evaluating {arm_id(arm, seed)} on the held-out split")
-    result = {"version": RESULT_VERSION, "arm": arm, "seed": seed, "fingerprint": cfg.fingerprint(arm, seed),
+    run_dir = train_arm(cfg, arm, seed, data_dir, log, data_seed)
+    if train_only:
+        return None
+    log(f"== evaluating {arm_id(arm, seed, data_seed)} on the held-out split")
+    result = {"version": RESULT_VERSION, "arm": arm, "seed": seed,
+              **({} if data_seed is None else {"data_seed": data_seed}),
+              "fingerprint": cfg.fingerprint(arm, seed, data_seed),
               "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
               "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
-    write_json_atomic(result_path(cfg, arm, seed), result)
+    write_json_atomic(result_path(cfg, arm, seed, data_seed), result)
     h = result["heldout"]
-    log(f"== {arm_id(arm, seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "
+    log(f"== {arm_id(arm, seed, data_seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "
         f"{h['flops']['total'] / 1e6:.2f} MFLOP/token; train {result['train']['tokens_per_s']:.0f} tok/s")
     return result
 
 
-__all__ = ["arm_id", "evaluate_arm", "load_result", "refresh_training", "result_path", "run_arm", "train_arm",
+__all__ = ["arm_id", "evaluate_arm", "load_result", "result_id", "run_dir_of", "refresh_training", "result_path", "run_arm", "train_arm",
            "training_summary"]

@@ -40,6 +40,11 @@ class StudySection:
     seed: NonNegativeInt = 1234
     repeat_seed: NonNegativeInt | None = 4321
     repeat_arms: list[str] = field(default_factory=list)
+    #: Every arm with every one of these training seeds (replaces ``seed`` / ``repeat_seed`` / ``repeat_arms``).
+    seeds: list[NonNegativeInt] | None = None
+    #: Synthetic tasks only: every run once per data seed (the task's ``seed``: its permutation, held-out symbols
+    #: and documents), each on its own generated corpus. Null: the task's own seed only.
+    data_seeds: list[NonNegativeInt] | None = None
     #: Train and report only these arms, in this order (default: every arm of ``arms``), e.g. in a profile that
     #: reruns a few arms at another token budget.
     only: list[str] | None = None
@@ -104,26 +109,60 @@ class StudyConfig:
     source: str
     profile: str
 
-    def arm_runs(self) -> list[tuple[str, int]]:
-        """(arm, seed) in training order: every arm with the first seed, then the repeats."""
-        chosen = list(self.arms) if self.study.only is None else list(self.study.only)
-        runs = [(arm, self.study.seed) for arm in chosen]
+    def chosen_arms(self) -> list[str]:
+        return list(self.arms) if self.study.only is None else list(self.study.only)
+
+    def arm_runs(self) -> list[tuple[str, int, int | None]]:
+        """(arm, seed, data seed) in training order. With ``seeds``: replicate by replicate (seed, then data
+        seed), every arm within one, so an interrupted study holds whole replicates. Otherwise every arm with
+        the first seed, then the repeats. The data seed is None unless ``data_seeds`` is set."""
+        chosen = self.chosen_arms()
+        data_seeds = self.study.data_seeds or [None]
+        if self.study.seeds is not None:
+            return [(arm, seed, ds) for seed in self.study.seeds for ds in data_seeds for arm in chosen]
+        runs = [(arm, self.study.seed, ds) for ds in data_seeds for arm in chosen]
         if self.study.repeat_seed is not None:
-            runs += [(arm, self.study.repeat_seed) for arm in self.study.repeat_arms if arm in chosen]
+            runs += [(arm, self.study.repeat_seed, ds) for ds in data_seeds
+                     for arm in self.study.repeat_arms if arm in chosen]
         return runs
 
-    def train_raw(self, arm: str, seed: int, data_dir: str, out_dir: str) -> dict[str, Any]:
-        """The ``launch/pretrain.py`` configuration (a raw mapping) of one arm and seed."""
-        overrides = [f"{k}={_yaml_scalar(v)}" for k, v in self.arms[arm].items()]
+    def data_identity(self, data_seed: int | None = None) -> dict[str, Any]:
+        """The data section's identity with the task's seed replaced by ``data_seed`` (when given)."""
+        out = self.data.identity()
+        if data_seed is not None:
+            out["task_options"] = {**out["task_options"], "seed": int(data_seed)}
+        return out
+
+    def task_options(self, data_seed: int | None = None) -> dict[str, Any]:
+        return self.data_identity(data_seed).get("task_options", {})
+
+    def train_raw(self, arm: str, seed: int, data_dir: str, out_dir: str,
+                  arm_dirs: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The ``launch/pretrain.py`` configuration (a raw mapping) of one arm and seed. An arm with ``from_arm:
+        NAME`` starts from that arm's trained checkpoint of the same seeds: ``init.backbone`` is its folder,
+        ``arm_dirs[NAME]`` (a placeholder when not given, as in the fingerprint)."""
+        spec = dict(self.arms[arm])
+        source = spec.pop("from_arm", None)
+        overrides = [f"{k}={_yaml_scalar(v)}" for k, v in spec.items()]
         overrides += [f"train.seed={seed}", f"data.path={data_dir}", f"train.out_dir={out_dir}"]
-        from adaponder.train.config import apply_overrides
+        if source is not None:
+            overrides.append(f"init.backbone={(arm_dirs or {}).get(source, f'<arm {source}>')}")
+        from adaponder.train.config import BACKBONE_SHAPE_KEYS, apply_overrides
 
-        return apply_overrides(copy.deepcopy(self.base), overrides)
+        raw = apply_overrides(copy.deepcopy(self.base), overrides)
+        if source is not None:  # the shape is the source checkpoint's
+            for key in BACKBONE_SHAPE_KEYS:
+                raw.get("model", {}).pop(key, None)
+        return raw
 
-    def fingerprint(self, arm: str, seed: int) -> str:
-        """What decides an arm's result: its training config (minus output paths), data and evaluation."""
+    def fingerprint(self, arm: str, seed: int, data_seed: int | None = None) -> str:
+        """What decides an arm's result: its training config (minus output paths), data and evaluation (and, for
+        an arm started from another, that arm's fingerprint)."""
         raw = self.train_raw(arm, seed, "<data>", "<out>")
-        what = {"train": raw, "data": self.data.identity(), "eval": vars(self.eval)}
+        what = {"train": raw, "data": self.data_identity(data_seed), "eval": vars(self.eval)}
+        source = self.arms[arm].get("from_arm")
+        if source is not None:
+            what["from_arm"] = self.fingerprint(source, seed, data_seed)
         return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -180,6 +219,25 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
         for name in getattr(cfg.study, key) or []:
             if name not in arms:
                 problems.append(f"study.{key}: {name!r} is not an arm (arms: {', '.join(arms)})")
+    if cfg.study.data_seeds is not None and cfg.data.task is None:
+        problems.append("study.data_seeds: only a synthetic task (data.task) has a data seed; "
+                        "a text corpus has one split (data.split_seed)")
+    for key in ("seeds", "data_seeds"):
+        values = getattr(cfg.study, key)
+        if values is not None and (not values or len(set(values)) != len(values)):
+            problems.append(f"study.{key}: {values}, expected a non-empty list of distinct seeds")
+    chosen = cfg.chosen_arms() if not problems else []
+    for arm, spec in arms.items():
+        src = spec.get("from_arm")
+        if src is None:
+            continue
+        if src not in arms or arms[src].get("from_arm") is not None:
+            problems.append(f"arms.{arm}.from_arm: {src!r}, expected an arm trained from scratch "
+                            f"(arms: {', '.join(a for a in arms if 'from_arm' not in arms[a])})")
+        elif arm in chosen and src not in chosen:
+            problems.append(f"arms.{arm}.from_arm: {src!r} is not among the arms this study runs (study.only)")
+        elif arm in chosen and chosen.index(src) > chosen.index(arm):
+            problems.append(f"arms.{arm}.from_arm: {src!r} must come before {arm!r} in the arms' order")
     if cfg.data.task == "multihop":
         from dataclasses import fields
 
@@ -201,7 +259,9 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
             try:
                 config_from_dict(cfg.train_raw(arm, cfg.study.seed, "<data>", "<out>"), f"arm {arm}")
             except TrainConfigError as err:
-                problems += [f"arms.{arm}: {p}" for p in err.problems]
+                # an arm started from another names a checkpoint that exists only once that arm has trained
+                problems += [f"arms.{arm}: {p}" for p in err.problems
+                             if not ("from_arm" in arms[arm] and p.startswith("init.backbone:"))]
     if problems:
         raise StudyConfigError(problems, source)
     return cfg

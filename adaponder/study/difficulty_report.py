@@ -16,7 +16,7 @@ from statistics import mean
 
 from adaponder.plotting import LINE_MARKERS, arm_color, figure, footer, legend_outside, save
 
-from .arms import arm_id
+from .arms import result_id
 
 LOOPED = ("ponderlm", "loop", "adaponder")
 SEPARATION = 0.20   # a looped arm must beat vanilla by this much at some level
@@ -108,7 +108,7 @@ def check_goals(results: Sequence[Mapping]) -> list[dict[str, str]]:
         d = r["difficulty"]
         rho = d["spearman_difficulty_exit"]
         c = d["classes"]
-        rows.append({"goal": f"{arm_id(r['arm'], r['seed'])}: Spearman(difficulty, exit pass) ≥ {RHO_GOAL} on answers; "
+        rows.append({"goal": f"{result_id(r)}: Spearman(difficulty, exit pass) ≥ {RHO_GOAL} on answers; "
                              "the share of passes spent on filler",
                      "numbers": f"ρ = {_fmt(rho, '.3f')}; filler: {c['filler']['token_share']:.1%} of tokens, "
                                 f"{c['filler']['pass_share']:.1%} of token-passes (mean exit {c['filler']['mean_exit']:.2f}, "
@@ -255,12 +255,13 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
     for arm, runs in _by_arm(shown).items():
         accs = [[_levels(r)[h] for r in runs] for h in hs]
         cells = " | ".join(f"{mean(a):.3f}" + (f" ({min(a):.3f}–{max(a):.3f})" if len(a) > 1 else "") for a in accs)
-        L.append(f"| {arm} | {', '.join(str(r['seed']) for r in runs)} | {cells} | "
+        L.append(f"| {arm} | {', '.join(result_id(r).removeprefix(arm + '-') for r in runs)} | {cells} | "
                  f"{mean(_answer_exit(r) for r in runs):.2f} | {runs[0]['parameters']['total'] / 1e6:.2f}M |")
     spread = accuracy_spread(shown)
     L.append(f"\nSeed spread of accuracy (largest over repeated arms and levels): {_fmt(spread)}.\n")
     L.append(f"![Accuracy by difficulty]({rel(accuracy_png(shown, figs / 'accuracy_by_difficulty.png', note))})\n")
-    if verdicts:
+    if verdicts and not all((r.get("difficulty") or {}).get("per_symbol") for r in shown):
+        # results stored before per-symbol outcomes: goals against the seed spread (the decided goals need them)
         L.append("### Goals\n")
         L.append("| goal | numbers | verdict |\n|---|---|---|")
         L += [f"| {g['goal']} | {g['numbers']} | **{g['verdict']}** |" for g in check_goals(shown)]
@@ -274,7 +275,7 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
         for r in gated:
             d = r["difficulty"]
             c = d["classes"]
-            L.append(f"| {arm_id(r['arm'], r['seed'])} | " + " | ".join(_fmt(lv["mean_exit"], ".2f") for lv in d["levels"])
+            L.append(f"| {result_id(r)} | " + " | ".join(_fmt(lv["mean_exit"], ".2f") for lv in d["levels"])
                      + f" | {_fmt(c['prompt']['mean_exit'], '.2f')} | {_fmt(c['filler']['mean_exit'], '.2f')} | "
                      f"{_fmt(c['structure']['mean_exit'], '.2f')} | {_fmt(d['spearman_difficulty_exit'])} | "
                      f"{_fmt(c['filler']['pass_share'], '.1%')} | {_fmt(c['answer']['pass_share'], '.1%')} |")
@@ -284,7 +285,7 @@ def section(results: Sequence[Mapping], figs: Path, rel: Callable[[Path], str], 
         L.append(f"| run | policy | mean exit pass | {head} |")
         L.append("|---|---|---:|" + "---:|" * len(hs))
         for r in gated:
-            name, d = arm_id(r["arm"], r["seed"]), r["difficulty"]
+            name, d = result_id(r), r["difficulty"]
             L.append(f"| {name} | learned | {d['mean_exit']:.2f} | {_acc_cells(d['levels'])} |")
             for rule, runs in (d.get("fixed_pruning") or {}).items():
                 accs = [mean(run["levels"][i]["accuracy"] for run in runs) for i in range(len(hs))]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from adaponder.plotting import LINE_MARKERS, figure, footer, legend_outside, plt, readable_log_ticks, save, unique_handles
 
-from .arms import arm_id
+from .arms import result_id
 
 #: Plotted floor for a median that underflowed to 0 (log axis).
 _FLOOR = 1e-40
@@ -65,7 +65,7 @@ def draw_gate_curves(results: Sequence[Mapping], note: str):
         if tau:
             ax.axhline(tau, color="k", ls=":", lw=1, label=f"τ = {tau:g}")
         ax.set_yscale("log")
-        ax.set_title(arm_id(r["arm"], r["seed"]), fontsize=9)
+        ax.set_title(result_id(r), fontsize=9)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
     for ax in axes[:, 0]:

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch, Rectangle
 from adaponder.plotting import (LINE_MARKERS, POLICY_HATCH, POLICY_MARKERS, arm_color, figure, footer,
                                 legend_outside, readable_log_ticks, save)
 
-from .arms import arm_id
+from .arms import result_id
 
 Note = Callable[[Sequence[Mapping]], str]
 
@@ -170,7 +170,7 @@ def draw_nll_by_exit(results: Sequence[Mapping], note: str):
         ax.set_xticks([row["exit_pass"] for row in rows])
         ax.set_xlabel("exit pass D", fontsize=8)
         ax.set_ylim(0, top * 1.2)
-        ax.set_title(arm_id(r["arm"], r["seed"]), fontsize=9)
+        ax.set_title(result_id(r), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(labelsize=8)
     fig.supylabel("mean held-out NLL (nats)", fontsize=9)
@@ -220,7 +220,7 @@ def draw_exit_histograms(results: Sequence[Mapping], note: str):
         ax.set_xticks(range(1, max(len(c) for _, c in series) + 1))
         ax.set_xlabel("exit pass D", fontsize=8)
         ax.set_ylim(0, 1.05)
-        ax.set_title(arm_id(r["arm"], r["seed"]), fontsize=9)
+        ax.set_title(result_id(r), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(labelsize=8)
     fig.supylabel("share of held-out tokens", fontsize=9)
@@ -281,7 +281,7 @@ def draw_training_curves(results: Sequence[Mapping], note: str):
         style = dict(ls="-" if r["seed"] == seeds[0] else "--", color=arm_color(r["arm"]), lw=1.1,
                      marker=LINE_MARKERS[i % len(LINE_MARKERS)], ms=5, markevery=(i % step, step),
                      markerfacecolor="none",
-                     label=arm_id(r["arm"], r["seed"]))
+                     label=result_id(r))
         ax.plot(xs, ys, **style)
         if any(r is c for c in close):
             zx.plot(xs, ys, **{**style, "markevery": (i % max(1, step // 2), max(1, step // 2))})

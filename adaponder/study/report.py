@@ -14,7 +14,7 @@ from typing import Any
 
 from adaponder.plotting import short_path
 
-from .arms import arm_id
+from .arms import result_id
 from .config import StudyConfig
 from .plots import exit_histograms_png, nll_by_exit_png, pareto_png, training_curves_png
 
@@ -90,12 +90,12 @@ def check_claims(results: Sequence[Mapping]) -> list[dict[str, str]]:
             first, deeper = nll[0], nll[1:]
             deeper_mean = sum(x["mean_nll"] * x["tokens"] for x in deeper) / sum(x["tokens"] for x in deeper)
             holds = deeper_mean > first["mean_nll"]
-            rows.append({"claim": f"(3) gates give more passes to high-NLL tokens ({arm_id(r['arm'], r['seed'])})",
+            rows.append({"claim": f"(3) gates give more passes to high-NLL tokens ({result_id(r)})",
                          "numbers": ", ".join(f"D={x['exit_pass']}: NLL {x['mean_nll']:.2f} ({x['fraction']:.1%})"
                                               for x in nll),
                          "verdict": "holds" if holds else "does not hold"})
         else:
-            rows.append({"claim": f"(3) gates give more passes to high-NLL tokens ({arm_id(r['arm'], r['seed'])})",
+            rows.append({"claim": f"(3) gates give more passes to high-NLL tokens ({result_id(r)})",
                          "numbers": f"all tokens exit at pass {nll[0]['exit_pass'] if nll else '?'}",
                          "verdict": "cannot be tested (no halting)"})
         learned = _ppl(r)
@@ -104,12 +104,12 @@ def check_claims(results: Sequence[Mapping]) -> list[dict[str, str]]:
             seeds = {k: v.get("ppl_seeds") or [v["ppl"]] for k, v in fp.items()}
             better = all(learned < min(v) for v in seeds.values())
             worse = any(learned > max(v) for v in seeds.values())
-            rows.append({"claim": f"(4) learned halting beats fixed pruning at equal FLOPs ({arm_id(r['arm'], r['seed'])})",
+            rows.append({"claim": f"(4) learned halting beats fixed pruning at equal FLOPs ({result_id(r)})",
                          "numbers": f"learned {learned:.2f} at mean exit {r['heldout']['mean_exit']:.3f}; " + ", ".join(
                              f"{k} {_seed_range(v)} over {len(v)} pruning seeds" for k, v in seeds.items()),
                          "verdict": "holds" if better else "does not hold" if worse else "within the pruning noise"})
         else:
-            rows.append({"claim": f"(4) learned halting beats fixed pruning at equal FLOPs ({arm_id(r['arm'], r['seed'])})",
+            rows.append({"claim": f"(4) learned halting beats fixed pruning at equal FLOPs ({result_id(r)})",
                          "numbers": f"mean exit pass {r['heldout']['mean_exit']:.3f}: nothing to prune against",
                          "verdict": "cannot be tested (no halting)"})
     return rows
@@ -150,10 +150,14 @@ def _setup_section(cfg: StudyConfig, data_meta: Mapping) -> list[str]:
     L.append(f"- Training: {train.get('tokens') or train.get('steps')} {'tokens' if train.get('tokens') else 'steps'} "
              f"per arm, sequence length {base.get('data', {}).get('seq_len')}, global batch "
              f"{train.get('global_batch')}, AdamW lr {base.get('optim', {}).get('lr')} (cosine), same data order "
-             f"and seed for every arm; seed {cfg.study.seed} (all arms)"
-             + (f" and {cfg.study.repeat_seed} ({', '.join(cfg.study.repeat_arms)})." if cfg.study.repeat_seed is not None
-                else "."))
-    shown_arms = dict.fromkeys(a for a, _ in cfg.arm_runs())
+             f"and seed for every arm; "
+             + (f"training seeds {', '.join(map(str, cfg.study.seeds))} for every arm" if cfg.study.seeds is not None
+                else f"seed {cfg.study.seed} (all arms)"
+                + (f" and {cfg.study.repeat_seed} ({', '.join(cfg.study.repeat_arms)})" if cfg.study.repeat_seed is not None
+                   else ""))
+             + (f", each on data draws {', '.join(map(str, cfg.study.data_seeds))} (the task's seed: permutation, "
+                "held-out symbols, documents)." if cfg.study.data_seeds else "."))
+    shown_arms = dict.fromkeys(a for a, *_ in cfg.arm_runs())
     L.append("- Arms (overrides of the base config): " + "; ".join(
         f"`{a}` " + ", ".join(f"{k}={v}" for k, v in cfg.arms[a].items()) for a in shown_arms) + ".")
     L.append("- Evaluation: held-out windows of the training length, not overlapping; FLOPs per token by the A17 "
@@ -180,7 +184,7 @@ def _results_section(results: Sequence[Mapping]) -> list[str]:
     noise = seed_spread(results)
     L.append(f"\nSeed-to-seed spread of held-out perplexity (largest over the repeated arms): {_f(noise)}. "
              "Differences smaller than this are not distinguishable from noise here.\n")
-    changed = [(arm_id(r["arm"], r["seed"]), r["greedy_changed_by_later_passes"]) for r in results
+    changed = [(result_id(r), r["greedy_changed_by_later_passes"]) for r in results
                if r.get("greedy_changed_by_later_passes") is not None]
     if changed:
         L.append("Share of held-out positions where passes 2..K change the greedy token (the output's argmax against "
@@ -194,7 +198,7 @@ def _results_section(results: Sequence[Mapping]) -> list[str]:
 def _halting_detail(r: Mapping) -> list[str]:
     """A gated arm's exit passes with their NLL, its learned policy against fixed pruning, and its τ dial."""
     L: list[str] = []
-    L.append(f"### {arm_id(r['arm'], r['seed'])}: halting in detail\n")
+    L.append(f"### {result_id(r)}: halting in detail\n")
     L.append("| exit pass | tokens | share | mean NLL | ppl |")
     L.append("|---:|---:|---:|---:|---:|")
     for row in r.get("nll_by_exit_pass", []):
@@ -286,6 +290,9 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
 
     from . import trend
 
+    from . import decide
+
+    L += decide.section(results, cfg.task_options() if cfg.data.task else None, cfg.study.data_seeds, verdicts=verdicts)
     L += section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
                        note(results) if results else "", verdicts=verdicts)

@@ -199,6 +199,9 @@ class InitConfig:
     revision: str | None = None
     #: Tokens of the first stage, in which only the gates train (backbone frozen); 0 = no such stage.
     gates_only_tokens: NonNegativeInt = 0
+    #: The gates train alone for the whole run (backbone frozen throughout): A13's ponder loss learned on a
+    #: trained backbone, which separates what halting learns from what the backbone learns.
+    gates_alone: bool = False
 
 
 @dataclass
@@ -428,6 +431,12 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "init.revision: applies to a hub id in init.backbone (org/name); there is no init.backbone")
     check("init.gates_only_tokens", ini.gates_only_tokens > 0 and cfg.model.recurrence != "adaponder",
           "init.gates_only_tokens: only mode 'adaponder' has gates to train")
+    check("init.gates_alone init.backbone", ini.gates_alone and ini.backbone is None,
+          "init.gates_alone: training the gates alone needs a trained backbone (init.backbone)")
+    check("init.gates_alone", ini.gates_alone and cfg.model.recurrence != "adaponder",
+          "init.gates_alone: only mode 'adaponder' has gates to train")
+    check("init.gates_alone init.gates_only_tokens", ini.gates_alone and ini.gates_only_tokens > 0,
+          "init.gates_alone: the whole run trains the gates alone; leave init.gates_only_tokens at 0")
     return p
 
 
@@ -571,7 +580,9 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
     tokens_per_step = global_batch * cfg.data.seq_len
     total = t.steps if t.steps is not None else max(1, math.ceil(t.tokens / tokens_per_step))
     gates_only = math.ceil(cfg.init.gates_only_tokens / tokens_per_step) if cfg.init.gates_only_tokens else 0
-    if gates_only >= total:
+    if cfg.init.gates_alone:
+        gates_only = total
+    elif gates_only >= total:
         raise TrainConfigError([f"init.gates_only_tokens ({cfg.init.gates_only_tokens}) covers all {total} steps; "
                                 "leave steps for the joint stage"], cfg.source)
     s0, s1 = _to_steps(cfg.schedule.s0, total), _to_steps(cfg.schedule.s1, total)
