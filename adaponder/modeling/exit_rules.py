@@ -81,7 +81,8 @@ class ThresholdExit:
     def stops(self, view: PassView) -> torch.Tensor:
         if view.gate is None:
             return torch.zeros_like(view.active)
-        return (view.gate < self.tau).detach()
+        # "not s ≥ τ" rather than "s < τ": a NaN gate stops (it cannot be trusted to ponder on)
+        return ~(view.gate >= self.tau).detach()
 
     def __repr__(self) -> str:
         return f"ThresholdExit(tau={self.tau:g})"
