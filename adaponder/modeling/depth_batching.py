@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from .attention import ROW_ATTENTION
 from .exit_rules import PassView
 from .input_checks import check_generation_length
 from .pass_driver import exit_step, feed_back
@@ -49,7 +50,6 @@ from .pass_step import first_input
 from .ponder_cache import PonderCache, starts_at
 from .run_settings import RunSettings, settings_or_default
 
-ROW_ATTENTION = "adaponder_rows"
 
 
 class RowPlan:
@@ -250,45 +250,44 @@ class DepthBatchedDecoder:
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
         carry = None  # the exit rule's per-row memory (rows at pass 1 start afresh)
         ticks = token_passes = pondering_ticks = gate_runs = attended = 0
-        with model.gpt_neox.attention_route.routed(ROW_ATTENTION):
-            while live and (max_ticks is None or ticks < max_ticks):
-                if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
-                    prefill = prefill.grown(min(need, 2 * prefill.capacity))
-                    kv = TickKV(prefill.keys_t, prefill.values)
-                rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-                plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
-                kv.index = (pass_t - 1, rows_t, pos_t)
-                h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
-                ticks += 1
-                token_passes += len(live)
-                attended += sum(positions) + len(positions)
-                gate_runs += len({p for p in passes if p <= len(model.gates)})
+        while live and (max_ticks is None or ticks < max_ticks):
+            if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
+                prefill = prefill.grown(min(need, 2 * prefill.capacity))
+                kv = TickKV(prefill.keys_t, prefill.values)
+            rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
+            plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
+            kv.index = (pass_t - 1, rows_t, pos_t)
+            h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
+            ticks += 1
+            token_passes += len(live)
+            attended += sum(positions) + len(positions)
+            gate_runs += len({p for p in passes if p <= len(model.gates)})
 
-                s = None if gates is None else gates(h, passes)  # [n] float (A5)
-                z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
-                view = PassView(pass_idx=pass_t, num_passes=K, active=torch.ones_like(pass_t, dtype=torch.bool),
-                                gate=s, logits=z if "logits" in rule.needs else None, hidden=h,
-                                token_ids=_index([tokens[b][-1] for b in live], device) if "token_ids" in rule.needs
-                                else None, carry=carry)
-                halt = ~exit_step(rule, view, last=pass_t >= K)  # A6
-                carry = view.next_carry
-                nxt = z.argmax(-1)
-                halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
+            s = None if gates is None else gates(h, passes)  # [n] float (A5)
+            z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
+            view = PassView(pass_idx=pass_t, num_passes=K, active=torch.ones_like(pass_t, dtype=torch.bool),
+                            gate=s, logits=z if "logits" in rule.needs else None, hidden=h,
+                            token_ids=_index([tokens[b][-1] for b in live], device) if "token_ids" in rule.needs
+                            else None, carry=carry)
+            halt = ~exit_step(rule, view, last=pass_t >= K)  # A6
+            carry = view.next_carry
+            nxt = z.argmax(-1)
+            halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
 
-                go = [i for i, stop in enumerate(halt_h) if not stop]
-                if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
-                    pondering_ticks += 1
-                    idx = _index(go, device)  # (softmax in place: z is not read afterwards)
-                    E = feed_back(model, E, dest=idx, logits=z.index_select(0, idx), in_place=True,
-                                  weight=None if s is None else s.index_select(0, idx))
-                stopped = [i for i, stop in enumerate(halt_h) if stop]
-                self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
+            go = [i for i, stop in enumerate(halt_h) if not stop]
+            if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
+                pondering_ticks += 1
+                idx = _index(go, device)  # (softmax in place: z is not read afterwards)
+                E = feed_back(model, E, dest=idx, logits=z.index_select(0, idx), in_place=True,
+                              weight=None if s is None else s.index_select(0, idx))
+            stopped = [i for i, stop in enumerate(halt_h) if stop]
+            self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
-                keep_rows = live
-                E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
-                                                           lambda t: self._done(t, max_new_tokens, eos_token_id))
-                if carry is not None and len(live) < len(keep_rows):
-                    carry = carry.index_select(0, _index([keep_rows.index(b) for b in live], device))
+            keep_rows = live
+            E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
+                                                       lambda t: self._done(t, max_new_tokens, eos_token_id))
+            if carry is not None and len(live) < len(keep_rows):
+                carry = carry.index_select(0, _index([keep_rows.index(b) for b in live], device))
 
         fill = eos_token_id if eos_token_id is not None else 0
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)

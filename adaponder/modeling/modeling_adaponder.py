@@ -10,7 +10,6 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +20,7 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention import PACKED_ATTENTION, causal_slot_mask
+from .attention import causal_slot_mask
 from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
 from .configuration_adaponder import AdaPonderConfig
 from .cost import CostAccounting
@@ -325,7 +324,6 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         """
         aligner = aligner if aligner is not None else KVAligner(self.config.num_hidden_layers, None)
         cos, sin = ctx.rope
-        attention = contextlib.nullcontext()
         if subset is not None:
             # Compacted pass (A16): projections and MLPs run on the N active tokens flat, [1, N, d], so no padding
             # slot of the packed [R, Tq] layout costs a GEMM row; only attention regroups them by row.
@@ -333,8 +331,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             rope = (subset.gather(cos)[None], subset.gather(sin)[None])
             kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
             mask = causal_slot_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
-            extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}
-            attention = self.gpt_neox.attention_route.routed(PACKED_ATTENTION)
+            extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}  # routes its attention (attention_for)
         else:
             hidden, mask, rope, extra = E, ctx.full_mask, ctx.rope, {}
 
@@ -346,11 +343,10 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                 h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope, **extra)
             return h
 
-        with attention:
-            if self.pass_checkpointing and self.training and torch.is_grad_enabled():
-                hidden = checkpoint(stack, hidden, use_reentrant=False)
-            else:
-                hidden = stack(hidden)
+        if self.pass_checkpointing and self.training and torch.is_grad_enabled():
+            hidden = checkpoint(stack, hidden, use_reentrant=False)
+        else:
+            hidden = stack(hidden)
         out = self.gpt_neox.final_layer_norm(hidden)
         return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
 

@@ -102,7 +102,7 @@ def first_input(x0: torch.Tensor, scale: float) -> torch.Tensor:
 class SkinnyLinear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
     run by blocks of the weight on the CPU, where MKL's own GEMV is slow (:func:`~.pondering.skinny`). Used for the
-    output head, the gates' input layers and, retyped in place, the backbone layers' linear maps."""
+    output head, the gates' input layers and the backbone layers' linear maps (built as such: :class:`PonderLayer`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return skinny_linear(x, self.weight, self.bias)
