@@ -20,7 +20,8 @@ from conftest import tiny_config
 
 def test_save_load_in_process_without_adaponder(tmp_path):
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5)).eval()
+    # gates start at s ≈ 1e-4, the default τ: some tokens halt after each pass in both processes
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=-9.21)).eval()
     model.save_pretrained(tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["auto_map"]["AutoModelForCausalLM"].endswith("AdaPonderForCausalLM")

@@ -88,14 +88,15 @@ def test_policy_is_reproducible_with_its_seed():
 
 def test_fixed_pruning_through_the_model_hits_the_target():
     from adaponder.modeling import AdaPonderForCausalLM
+    from adaponder.modeling.run_settings import RunSettings
     from conftest import tiny_config
 
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5)).eval()
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0)).eval()
     ids = torch.randint(0, 97, (16, 128))
     with torch.no_grad():
         for rule in ("uniform", "geometric"):
             policy = FixedPruningPolicy.from_rule(rule, 4, 2.7, seed=0)
-            exits = torch.cat([model(input_ids=ids[i:i + 4], halting_policy=policy).exit_pass.reshape(-1)
+            exits = torch.cat([model(input_ids=ids[i:i + 4], settings=RunSettings(exit_rule=policy)).exit_pass.reshape(-1)
                                for i in range(0, 16, 4)]).float()
             assert abs(float(exits.mean()) - 2.7) / 2.7 < 0.02, rule

@@ -31,7 +31,7 @@ from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinea
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
-from .run_settings import RunSettings, settings_or_default
+from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
 from .speculative import SelfSpeculativeDecoder
 
 
@@ -141,6 +141,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         ``gate_warmup`` (:class:`GateWarmup`, training's warm-up only) bypasses, floors or stops the gates' halting.
         """
         cfg = self.config
+        _refuse_run_keywords(kwargs)
         settings = settings_or_default(settings)
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
@@ -375,6 +376,20 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         params = [self.gpt_neox.embed_in.weight, self.lm_head.weight]
         return [p for i, p in enumerate(params) if all(p is not q for q in params[:i])]
 
+
+
+#: Keywords that once set run-time settings on ``forward``; now fields of :class:`RunSettings` (``settings=``).
+_RUN_KEYWORDS = {**LEGACY_CONFIG_KEYS, "halting_policy": "exit_rule", "tau": "tau", "compact": "compact",
+                 "passes": "passes"}
+
+
+def _refuse_run_keywords(kwargs) -> None:
+    """``TypeError`` for a run-time setting passed as a keyword of its own: ``forward`` takes extra keywords (from
+    ``generate``), so such a keyword would otherwise be dropped silently and the call run with the defaults."""
+    found = sorted(k for k in kwargs if k in _RUN_KEYWORDS)
+    if found:
+        fields = ", ".join(f"{_RUN_KEYWORDS[k]}=..." for k in found)
+        raise TypeError(f"{', '.join(found)}: run-time settings are passed as settings=RunSettings({fields})")
 
 __all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "GateWarmup", "PonderGate",
            "ModelInputError", "TokenIdError", "check_token_ids", "ponder_loss"]
