@@ -183,7 +183,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         out["nll_by_exit_pass"] = json_safe(nll_by_exit_pass(scores))
         mean_exit = out["heldout"]["mean_exit"]
         pruning = {}
-        for rule in FIXED_RULES:
+        for rule in FIXED_RULES if cfg.eval.perplexity_controls else ():
             if 1.0 < mean_exit < K:
                 runs = [summarize(score_documents(model, docs, settings=RunSettings(
                     exit_rule=make_policy(rule, K, mean_exit, seed=s)), **score_kw), docs, model)
@@ -192,7 +192,8 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                 pruning[rule] = json_safe({**runs[0], "ppl_seeds": [r["ppl"] for r in runs],
                                         "mean_exit_seeds": [r["mean_exit"] for r in runs]})
         out["fixed_pruning"] = pruning
-        out["tau_dial"] = json_safe(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
+        if cfg.eval.perplexity_controls:
+            out["tau_dial"] = json_safe(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
         # Reference points on the same trained model: no halting (every token runs K passes).
         out["no_halting"] = json_safe(summarize(score_documents(model, docs, settings=_NEVER_HALT, **score_kw),
                                              docs, model))

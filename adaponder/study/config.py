@@ -94,6 +94,9 @@ class EvalSection:
     taus: list[Float] = field(default_factory=lambda: [1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5])
     #: Seeds of the fixed-pruning controls' random halting (their spread is the control's own noise).
     pruning_seeds: list[Int] = field(default_factory=lambda: [0, 1, 2])
+    #: The τ dial and fixed pruning scored on the held-out split's perplexity. A labelled task's difficulty
+    #: evaluation scores both again, by difficulty, on the same split: such a study may turn these off.
+    perplexity_controls: bool = True
 
 
 SECTIONS = {"study": StudySection, "data": DataSection, "eval": EvalSection}

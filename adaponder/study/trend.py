@@ -52,7 +52,9 @@ def verdict(g: Mapping[int, float], noise: float) -> str:
     first, last = g[budgets[0]], g[budgets[-1]]
     floor = noise if math.isfinite(noise) else 0.0
     if last - first > floor:
-        state = "flips: the passes pay" if last > floor else ("closes" if last > -floor else "shrinks")
+        state = ("flips: the passes pay" if last > floor else
+                 ("closes (the last gain is inside the seed spread: not distinguishable from none)" if last > -floor
+                  else "shrinks"))
         return f"grows with tokens ({first:+.2f} → {last:+.2f}); the deficit {state}"
     if first - last > floor:
         return f"falls with tokens ({first:+.2f} → {last:+.2f})"
