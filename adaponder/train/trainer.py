@@ -21,6 +21,7 @@ run harness's (:mod:`.harness`, shared with fine-tuning); the signal handlers, l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from adaponder.errors import OutputError, writing
+from adaponder.modeling.run_settings import RunSettings
 
 from . import metrics as M
 from .checkpoint import CheckpointError, read_latest
@@ -80,9 +82,13 @@ class Trainer(RunHarness):
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         super().__init__(resume)
         self.cfg = cfg
-        #: How the training forward and validation run the model (τ, compaction, chunking): never its config.
-        self.run_settings = cfg.run_settings()
         self.schedule_changes: list[str] = []  # allowed by train.allow_schedule_change on resume
+
+    @functools.cached_property
+    def run_settings(self) -> RunSettings:
+        """How the training forward and validation run the model (τ, compaction, chunking): never its config. Read
+        from the config when first needed (set-up), so that a trainer is built before its configuration is checked."""
+        return self.cfg.run_settings()
 
     # ---- set-up hooks ---------------------------------------------------------------------------------
     def run_folders(self) -> tuple[Path, Path]:
