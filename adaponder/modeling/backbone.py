@@ -7,11 +7,13 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 from torch import nn
-from transformers import GPTNeoXModel, PreTrainedModel
+from transformers import GPTNeoXForCausalLM, GPTNeoXModel, PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -39,9 +41,6 @@ class PauseEmbeddings(nn.Module):
 
 
 def _model_type(path: str) -> str | None:
-    import json
-    import os
-
     with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
         return json.load(fh).get("model_type")
 
@@ -219,10 +218,6 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
     source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
     recurrence fields (``passes``, ``input_scale``, …).
     """
-    import os
-
-    from transformers import GPTNeoXForCausalLM
-
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(_checkpoint_source(source, revision))
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -279,8 +274,6 @@ def _checkpoint_source(source, revision):
 def _require_cached_offline(name, revision) -> None:
     """:func:`adaponder.hub.resolve_pretrained`'s error for a hub id missing from the cache while offline; nothing
     otherwise. The import is in a ``try`` for the reason :func:`_checkpoint_source` gives."""
-    import os
-
     try:
         from adaponder.hub import is_hub_id, offline, resolve_pretrained
     except ImportError:
@@ -289,5 +282,5 @@ def _require_cached_offline(name, revision) -> None:
         resolve_pretrained(name, revision)
 
 
-__all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PonderAttention", "PonderLayer", "PonderMLP", "PythiaBackbone", "from_backbone", "init_pythia_",
-           "init_std"]
+__all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PonderAttention", "PonderLayer", "PonderMLP",
+           "PythiaBackbone", "from_backbone", "init_pythia_", "init_std"]

@@ -21,6 +21,7 @@ Methods (``palbert_method``; one switch, one code path — STYLE 8):
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 
@@ -251,8 +252,6 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
             source = path
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise FileNotFoundError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
-            import json
-
             with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
                 meta = json.load(fh)
             if meta.get("model_type") == PalbertConfig.model_type:
