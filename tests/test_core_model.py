@@ -45,8 +45,8 @@ def make(mode="adaponder", seed=0, **kw):
 
 
 def test_backbone_is_gpt_neox_with_skinny_linears_holding_the_same_weights():
-    """The backbone swaps its layers' nn.Linear modules for SkinnyLinear ones holding the same parameters: names,
-    state dict and (seeded) initial weights stay transformers' own, and no plain nn.Linear is left in the layers."""
+    """The backbone builds its layers with SkinnyLinear maps where transformers builds nn.Linear ones: names, state
+    dict and (seeded) initial weights stay transformers' own, and no plain nn.Linear is in the layers."""
     cfg = tiny_config("vanilla")
     torch.manual_seed(0)
     ours = PythiaBackbone(cfg)
