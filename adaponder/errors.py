@@ -46,8 +46,20 @@ class OutputError(RuntimeError):
 
 
 def os_reason(err: OSError) -> str:
-    """The operating system's words for ``err`` (``No space left on device``), without the path it repeats."""
-    return err.strerror or str(err) or type(err).__name__
+    """The operating system's words for ``err`` (``No space left on device``), without the path it repeats; for
+    the errors whose words alone do not say what is wrong (``File exists``, ``Read-only file system``), the
+    path the OS refused and the cause."""
+    import errno
+
+    words = err.strerror or str(err) or type(err).__name__
+    where = err.filename if err.filename is not None else None
+    causes = {errno.EEXIST: "a file, not a folder, is in the way at {}",
+              errno.ENOTDIR: "a part of {} is a file, not a folder",
+              errno.EROFS: "{} lies on a file system mounted read-only",
+              errno.EACCES: "this user may not write to {}",
+              errno.EPERM: "this user may not write to {}"}
+    cause = causes.get(err.errno)
+    return f"{words}: {cause.format(where)}" if cause and where is not None else words
 
 
 # What torch.save's zip writer raises when a write fails (a full disk gives no OSError there).

@@ -42,10 +42,11 @@ def configs_dir() -> Path | None:
     return resource_dir("configs")
 
 
-def find_config(path: str | os.PathLike[str]) -> Path:
+def find_config(path: str | os.PathLike[str], family: str | None = None) -> Path:
     """``path`` if it exists; else the preset of that name shipped with adaponder (``configs/tiny.yaml``,
-    ``tiny.yaml`` and ``tiny`` all name ``<configs>/tiny.yaml``). Returns ``path`` unchanged when neither exists
-    (the caller reports the missing file)."""
+    ``tiny.yaml`` and ``tiny`` all name ``<configs>/tiny.yaml``; with ``family`` ``"glue"``, ``rte`` names
+    ``<configs>/glue/rte.yaml``). Returns ``path`` unchanged when neither exists (the caller reports the missing
+    file)."""
     p = Path(path)
     if p.exists():
         return p
@@ -53,7 +54,8 @@ def find_config(path: str | os.PathLike[str]) -> Path:
     if base is None:
         return p
     rel = Path(*p.parts[1:]) if p.parts and p.parts[0] == "configs" else p
-    for candidate in (base / rel, base / rel.with_suffix(".yaml")):
+    folders = (base / family, base) if family else (base,)
+    for candidate in (c for b in folders for c in (b / rel, b / rel.with_suffix(".yaml"))):
         if candidate.is_file():
             return candidate
     return p

@@ -19,7 +19,7 @@ import socket
 import time
 from pathlib import Path
 
-from adaponder.errors import UsageError
+from adaponder.errors import UsageError, os_reason
 
 LOCK_NAME = ".adaponder.lock"  # inside a run folder
 
@@ -70,7 +70,7 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
             raise RunLockError(f"{self.what}: cannot create the lock file {self.path} "
-                               f"({err.strerror or err})") from None
+                               f"({os_reason(err)})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

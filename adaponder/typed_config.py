@@ -130,6 +130,14 @@ def _message(errors: list[dict[str, Any]], value: Any, tp: Any) -> str:
             what = type_name(tp).replace("a number", "a finite number")
             return f"must be {what}, got {e['input']!r}"
 
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):  # meant as a list or mapping (--set keeps a
+        try:  # value that is not valid YAML as written): its syntax is the problem, not its type
+            yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            what = "a list" if value.strip()[0] == "[" else "a mapping"
+            reason = " ".join(str(getattr(err, "problem", None) or err).split())
+            return (f"{value.strip()!r} does not parse as {what} ({reason}); expected YAML flow syntax, e.g. "
+                    f"{'[0.9, 0.95]' if what == 'a list' else '{a: 1}'}")
     return f"must be {type_name(tp)}, got {value!r}"
 
 

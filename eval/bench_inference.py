@@ -459,9 +459,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
+    _check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.batches = [args.batch] if args.batch else [int(b) for b in args.batches.split(",")]
     print(f"AdaPonder inference: Pythia-{args.size} shape, random weights, on {args.device}, "
           f"{torch.get_num_threads()} threads, context {args.context}, {args.new_tokens} decode steps, "
           f"batches {args.batches}")
@@ -489,6 +489,28 @@ def main(argv=None):
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows
+
+
+def _check_arguments(args) -> None:
+    """Every list and count of the command line checked before any model is built: one ``error:`` line naming
+    the argument, the value and what was expected, and exit code 2."""
+    from adaponder.cli.arg_checks import number_list
+    from adaponder.errors import UsageError
+
+    try:
+        args.batches = number_list(str(args.batch) if args.batch is not None else args.batches,
+                                   "--batch" if args.batch is not None else "--batches", int, 1, "batch size")
+        number_list(args.savings, "--savings", float, what="saving", check=lambda s: 0 <= s < 1,
+                    expected="comma-separated shares in [0, 1), e.g. 0,0.25,0.5")
+        for name in ("context", "new_tokens", "repeats"):
+            number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
+        unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
+        if unknown:
+            raise UsageError(f"--dtypes {args.dtypes!r}: {unknown[0]!r} is not a dtype here; expected a "
+                             f"comma-separated list of {', '.join(DTYPES)}")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -186,9 +186,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
+    batches = _checked_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.gammas = [int(g) for g in args.gammas.split(",")]
     specs = args.checkpoint + [s for s in args.shapes.split(",") if s]
     if not specs:
         ap.error("give --checkpoint and/or --shapes")
@@ -200,7 +200,7 @@ def main(argv=None):
     for spec in specs:
         for dtype_name in args.dtypes.split(","):
             model, name = load_model(spec, DTYPES[dtype_name])
-            for batch in [int(b) for b in args.batches.split(",")]:
+            for batch in batches:
                 ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data)
                 rows += bench_one(model, name, ids, args, dtype_name)
     print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
@@ -211,6 +211,27 @@ def main(argv=None):
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return rows
+
+
+def _checked_arguments(args) -> list[int]:
+    """Every list and count of the command line checked before any model is built: one ``error:`` line naming
+    the argument, the value and what was expected, and exit code 2. Returns the batch sizes."""
+    from adaponder.cli.arg_checks import number_list
+    from adaponder.errors import UsageError
+
+    try:
+        args.gammas = number_list(args.gammas, "--gammas", int, 1, "γ")
+        batches = number_list(args.batches, "--batches", int, 1, "batch size")
+        for name in ("context", "new_tokens", "draft_passes", "repeats"):
+            number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
+        unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
+        if unknown:
+            raise UsageError(f"--dtypes {args.dtypes!r}: {unknown[0]!r} is not a dtype here; expected a "
+                             f"comma-separated list of {', '.join(DTYPES)}")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return batches
 
 
 if __name__ == "__main__":

@@ -506,6 +506,211 @@ def case_disk_full_export(m: Matrix) -> tuple[str, str]:
                       m.base_run() / "checkpoints" / "step00000004")
 
 
+# -- the edges: silent acceptance and unclear refusals (section Q) ---------------------------------------------
+def _unchanged(before: dict, after: dict, verdict: tuple[str, str]) -> tuple[str, str]:
+    if verdict[0] == "clear error" and before != after:
+        changed = sorted(set(before.items()) ^ set(after.items()))[:3]
+        return "data loss", f"{verdict[1]}; but the disk changed: {changed}"
+    return verdict
+
+
+def _listing(root: Path) -> dict:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()} \
+        if root.exists() else {}
+
+
+def _with_data(cfg: Path, **values) -> Path:
+    """``cfg`` with these ``data:`` values (``Matrix.config`` takes the toy data's own)."""
+    import yaml
+
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"].update(values)
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
+def case_edge_two_studies(m: Matrix) -> tuple[str, str]:
+    """A second study on a study folder whose first study is at work (a process holding the study lock)."""
+    root = m.work / "edge-study"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    holder = m.start("-c", "import sys, time; from adaponder.run_lock import lock_folder; "
+                     f"lock_folder({str(root / 'runs')!r}, 'study folder'); print('held', flush=True); time.sleep(60)")
+    holder.stdout.readline()
+    try:
+        before = _listing(root)
+        p = m.run(REPO / "launch" / "study.py", "--config", REPO / "configs/study/cpu.yaml", "--profile", "quick",
+                  "--set", f"study.runs_dir={root / 'runs'}", "--set", f"study.results_dir={root / 'results'}",
+                  "--set", f"study.report={root / 'study.md'}", cwd=root)
+        return _unchanged(before, _listing(root), refusal(p, "study folder", "in use by another job",
+                                                          f"PID {holder.pid}"))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def case_edge_prepare_over_live_run(m: Matrix) -> tuple[str, str]:
+    """adaponder-prepare --overwrite on the data folder of a training run that is still running."""
+    data = m.work / "edge-live-data" / "prepared"
+    shutil.rmtree(data.parent, ignore_errors=True)
+    shutil.copytree(m.data["data"], data)
+    cfg = _with_data(m.config("edge-live-run", train={"steps": 1500}, checkpoint={"every": 500},
+                              logging={"every": 50}), path=str(data))
+    run = cfg.parent / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    first = m.start("-m", "adaponder.cli.pretrain", "--config", cfg)
+    deadline = time.time() + m.timeout
+    while time.time() < deadline and not (run / "metrics.jsonl").is_file() and first.poll() is None:
+        time.sleep(0.1)
+    before = _listing(data)
+    p = m.run("-m", "adaponder.cli.prepare", m.data["corpus"], "-o", data, "--tokenizer", m.data["tokenizer"],
+              "-j", "1", "--no-progress", "--overwrite")
+    running = first.poll() is None
+    first.kill()
+    first.communicate()
+    if not running:
+        return "unclear", "the run ended before the preparation started: lengthen it"
+    after = {k: v for k, v in _listing(data).items() if ".adaponder.readers" not in k}
+    before = {k: v for k, v in before.items() if ".adaponder.readers" not in k}
+    return _unchanged(before, after, refusal(p, "is in use", f"run folder {run}"))
+
+
+def case_edge_shard_edited(m: Matrix) -> tuple[str, str]:
+    """A shard edited after preparation (two tokens swapped), meta.json unchanged: a resume re-hashes it."""
+    cfg, run = m.copy_of_base("edge-shard")
+    data = m.work / "edge-shard" / "prepared"
+    shutil.rmtree(data, ignore_errors=True)
+    shutil.copytree(m.data["data"], data)
+    text = cfg.read_text().replace(str(m.data["data"]), str(data))
+    cfg.write_text(text)
+    shard = data / "train-00000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[100:102], raw[102:104] = raw[102:104], raw[100:102]
+    shard.write_bytes(bytes(raw))
+    before = _listing(run)
+    return _unchanged(before, _listing(run), refusal(m.pretrain(cfg, "--resume", "auto"), str(shard),
+                                                     "changed after preparation"))
+
+
+def _edge_config(m: Matrix, name: str, *sets: str, must: tuple[str, ...]) -> tuple[str, str]:
+    cfg = m.config(name, train={"steps": 8})
+    run = cfg.parent / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    verdict = refusal(m.pretrain(cfg, *[a for s in sets for a in ("--set", s)]), *must)
+    return ("data loss", f"{verdict[1]}; {run} was created") if run.exists() else verdict
+
+
+def case_edge_lr_warmup(m: Matrix) -> tuple[str, str]:
+    return _edge_config(m, "edge-warmup", "optim.warmup=20", must=("optim.warmup", "20", "8 steps"))
+
+
+def case_edge_ponder_start(m: Matrix) -> tuple[str, str]:
+    return _edge_config(m, "edge-s0", "schedule.s0=9", "schedule.s1=10", must=("schedule.s0", "never be applied"))
+
+
+def case_edge_stop_at(m: Matrix) -> tuple[str, str]:
+    return _edge_config(m, "edge-stop", "train.stop_at=12", must=("train.stop_at", "12"))
+
+
+def case_edge_deepspeed_override_key(m: Matrix) -> tuple[str, str]:
+    return _edge_config(m, "edge-ds-key", "deepspeed.overrides={zero_optimization: {bogus_key: 1}}",
+                        must=("deepspeed.overrides.zero_optimization.bogus_key", "unknown DeepSpeed key"))
+
+
+def case_edge_list_does_not_parse(m: Matrix) -> tuple[str, str]:
+    return _edge_config(m, "edge-list", "optim.betas=[0.9,0.95", must=("optim.betas", "does not parse as a list"))
+
+
+def case_edge_small_split_warns(m: Matrix) -> tuple[str, str]:
+    cfg = _with_data(m.config("edge-small", train={"steps": 2, "micro_batch": 64, "grad_accum": 64}), seq_len=63)
+    shutil.rmtree(cfg.parent / "run", ignore_errors=True)
+    p = m.pretrain(cfg)
+    if p.rc != 0:
+        return refusal(p)
+    warned = [ln for ln in p.err.splitlines() if ln.startswith("warning: data.path") and "fewer than one global" in ln]
+    return ("clear error", f"exit 0 with {warned[0][:200]}") if warned else ("silent", "no warning")
+
+
+def case_edge_truncated_safetensors(m: Matrix) -> tuple[str, str]:
+    hf = m.work / "edge-trunc"
+    shutil.rmtree(hf, ignore_errors=True)
+    shutil.copytree(_eval_checkpoint(m), hf)
+    weights = hf / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    return refusal(m.run("-m", "adaponder.cli.perplexity", hf, "--data", m.data["corpus"]), str(weights),
+                   "truncated")
+
+
+def case_edge_tau_list(m: Matrix) -> tuple[str, str]:
+    return refusal(m.run("-m", "adaponder.cli.dial", _eval_checkpoint(m), "--data", m.data["corpus"], "--taus",
+                         "0.5,x"), "--taus", "'x'", "expected")
+
+
+def case_edge_bench_gamma_0(m: Matrix) -> tuple[str, str]:
+    return refusal(m.run(REPO / "eval" / "bench_speculative.py", "--shapes", "tiny:adaponder", "--gammas", "0"),
+                   "--gammas", "γ 0", "expected")
+
+
+def case_edge_bench_batch_0(m: Matrix) -> tuple[str, str]:
+    return refusal(m.run(REPO / "eval" / "bench_inference.py", "--size", "tiny", "--batches", "0"),
+                   "--batches", "batch size 0", "expected")
+
+
+def case_edge_lm_eval_task(m: Matrix) -> tuple[str, str]:
+    return refusal(m.run("-m", "adaponder.cli.lm_eval", _eval_checkpoint(m), "--tasks", "adaponder_piqaa",
+                         "--limit", "1", "--device", "cpu"), "adaponder_piqaa", "did you mean")
+
+
+def case_edge_draft_tokens(m: Matrix) -> tuple[str, str]:
+    return raised(m.python("""
+        from adaponder.evaluation.lm_eval_model import _as_int
+        try:
+            print("ACCEPTED", _as_int("2.5", "speculative_draft_tokens"))
+        except ValueError as err:
+            print("RAISED", type(err).__name__ + ":", err)
+    """), "speculative_draft_tokens=2.5", "not an integer")
+
+
+def case_edge_labels_length(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model(torch.zeros(2, 8, dtype=torch.long), "
+                                "labels=torch.zeros(2, 7, dtype=torch.long))")), "labels", "(2, 8)", "(2, 7)")
+
+
+def case_edge_glue_preset_name(m: Matrix) -> tuple[str, str]:
+    p = m.run("-m", "adaponder.cli.finetune_glue", "--config", "rte", "--init", "NOPE-missing", "--output",
+              m.work / "edge-glue")
+    if "config file rte does not exist" in p.err:
+        return "unclear", "the preset name was refused"
+    return "recovered", f"the preset was found (then exit {p.rc}: {p.last_error[:120]})"
+
+
+def case_edge_out_dir_is_a_file(m: Matrix) -> tuple[str, str]:
+    target = m.work / "edge-file"
+    target.write_text("x")
+    return _edge_config(m, "edge-file-cfg", f"train.out_dir={target}", must=(str(target), "a file, not a folder"))
+
+
+def case_edge_difficulty_foreign_labels(m: Matrix) -> tuple[str, str]:
+    root = m.work / "edge-labels"
+    shutil.rmtree(root, ignore_errors=True)
+    m.python(f"""
+        import shutil, sys
+        sys.path.insert(0, {str(REPO / 'tests')!r})
+        from adaponder.data.reasoning import MultiHopSpec, write_multihop
+        from adaponder.train.export import save_tokenizer
+        from helpers_evaluation import tiny_model
+        root = __import__("pathlib").Path({str(root)!r})
+        for seed in (1, 2):
+            write_multihop(root / f"c{{seed}}", MultiHopSpec(symbols=24, max_hops=3, filler_symbols=5, queries=6,
+                           doc_tokens=32, train_docs=16, val_docs=6, seed=seed))
+        tiny_model().save_pretrained(root / "ckpt")
+        save_tokenizer(root / "ckpt", str(root / "c1" / "tokenizer.json"))
+        shutil.copy(root / "c2" / "val.labels.npy", root / "c1" / "val.labels.npy")
+    """)
+    return refusal(m.run("-m", "adaponder.cli.difficulty", root / "ckpt", "--data", root / "c1"),
+                   "val.labels.npy", "do not belong")
+
+
 CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [
     ("lock-two-runs", "two jobs on one output folder", case_lock_two_runs),
     ("lock-two-prepares", "two jobs on one output folder", case_lock_two_prepares),
@@ -537,6 +742,25 @@ CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [
     ("3d-input-ids", "tracebacks", case_3d_input_ids),
     ("all-labels-ignored", "tracebacks", case_all_labels_ignored),
     ("alias-bomb-in-overrides", "hang", case_config_alias_bomb_in_overrides),
+    ("edge-two-studies", "edges: silent", case_edge_two_studies),
+    ("edge-prepare-over-live-run", "edges: silent", case_edge_prepare_over_live_run),
+    ("edge-shard-edited", "edges: silent", case_edge_shard_edited),
+    ("edge-lr-warmup", "edges: silent", case_edge_lr_warmup),
+    ("edge-ponder-start", "edges: silent", case_edge_ponder_start),
+    ("edge-stop-at", "edges: silent", case_edge_stop_at),
+    ("edge-small-split-warns", "edges: silent", case_edge_small_split_warns),
+    ("edge-difficulty-foreign-labels", "edges: silent", case_edge_difficulty_foreign_labels),
+    ("edge-deepspeed-override-key", "edges: unclear", case_edge_deepspeed_override_key),
+    ("edge-lm-eval-task", "edges: unclear", case_edge_lm_eval_task),
+    ("edge-truncated-safetensors", "edges: unclear", case_edge_truncated_safetensors),
+    ("edge-tau-list", "edges: unclear", case_edge_tau_list),
+    ("edge-bench-gamma-0", "edges: unclear", case_edge_bench_gamma_0),
+    ("edge-bench-batch-0", "edges: unclear", case_edge_bench_batch_0),
+    ("edge-draft-tokens", "edges: unclear", case_edge_draft_tokens),
+    ("edge-labels-length", "edges: unclear", case_edge_labels_length),
+    ("edge-glue-preset-name", "edges: unclear", case_edge_glue_preset_name),
+    ("edge-out-dir-is-a-file", "edges: unclear", case_edge_out_dir_is_a_file),
+    ("edge-list-does-not-parse", "edges: unclear", case_edge_list_does_not_parse),
 ]
 
 

@@ -14,7 +14,7 @@ from adaponder.study.config import load_study_config
 from adaponder.study.report import PIPELINE_TITLE, write_report
 
 #: What a judgement looks like in the report: the claims table, the goals table, a verdict word.
-VERDICTS = re.compile(r"claim|verdict|\bholds\b|does not hold|within noise|not distinguishable|undecided|not met|cannot be tested|### Goals",
+VERDICTS = re.compile(r"claim|verdict|\bholds\b|does not hold|within noise|undecided|not met|cannot be tested|### Goals",
                       re.IGNORECASE)
 
 

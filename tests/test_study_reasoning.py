@@ -12,7 +12,8 @@ import pytest
 
 from conftest import REPO
 
-ARMS = ["vanilla", "ponderlm", "adaponder-paper"]
+ARMS = ["vanilla", "ponderlm", "adaponder-paper", "adaponder-gates-alone"]
+RUNS = [f"{a}-s1234-d{d}" for d in (0, 1) for a in ARMS]
 
 
 def _study(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -33,17 +34,23 @@ def study(tmp_path_factory):
 
 def test_quick_profile_reports_accuracy_and_exits_by_difficulty(study):
     results = {p.stem: json.loads(p.read_text()) for p in (study / "results").glob("*.json")}
-    assert set(results) == {f"{a}-s1234" for a in ARMS}
+    assert set(results) == set(RUNS)
     for res in results.values():
         levels = res["difficulty"]["levels"]
         assert [lv["difficulty"] for lv in levels] == [1, 2, 3]
         assert all(lv["tokens"] == 12 * 2 for lv in levels)  # 12 held-out documents, each H twice
-    gated = results["adaponder-paper-s1234"]
+        # per-symbol outcomes of the test split, and the development split on its own symbols
+        test_syms, dev_syms = set(res["difficulty"]["per_symbol"]["symbols"]), set(res["difficulty_dev"]["per_symbol"]["symbols"])
+        assert test_syms and dev_syms and test_syms.isdisjoint(dev_syms)
+        assert sum(map(sum, res["difficulty"]["per_symbol"]["answers"])) == 12 * 2 * 3
+    assert results["ponderlm-s1234-d0"]["difficulty"]["per_symbol"] != results["ponderlm-s1234-d1"]["difficulty"]["per_symbol"]
+    gated = results["adaponder-paper-s1234-d0"]
     assert [row["tau"] for row in gated["difficulty_tau"]] == [1e-4, 0.3]
     assert gated["difficulty_no_halting"]["mean_exit"] == 4
     report = (study / "study.md").read_text()
     for text in ("## Accuracy by difficulty", "### Where the gates spend passes",
-                 "the `multihop` task", "| adaponder-paper-s1234 | τ = 0.3 |"):
+                 "the `multihop` task", "| adaponder-paper-s1234-d0 | τ = 0.3 |",
+                 "## Decided figures", "### Learning and halting apart", "### The full cost"):
         assert text in report
     # a pipeline check: no goals judged on 16 training steps
     assert report.startswith("# Pipeline check (quick profile) — not a result") and "### Goals" not in report
@@ -52,30 +59,32 @@ def test_quick_profile_reports_accuracy_and_exits_by_difficulty(study):
 
 
 def test_rerun_trains_nothing_and_a_deleted_arm_retrains_to_the_same_figures(study):
-    before = json.loads((study / "results" / "ponderlm-s1234.json").read_text())
+    before = json.loads((study / "results" / "ponderlm-s1234-d0.json").read_text())
     report = (study / "study.md").read_text()
     again = _study(study)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 3
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == len(RUNS)
     assert (study / "study.md").read_text() == report
-    (study / "results" / "ponderlm-s1234.json").unlink()
-    shutil.rmtree(study / "runs" / "ponderlm-s1234")
+    (study / "results" / "ponderlm-s1234-d0.json").unlink()
+    shutil.rmtree(study / "runs" / "ponderlm-s1234-d0")
     third = _study(study)
     assert third.returncode == 0, third.stderr[-2000:]
-    assert third.stdout.count("== training") == 1
-    after = json.loads((study / "results" / "ponderlm-s1234.json").read_text())
+    # ponderlm again, then the gates-alone arm started from it (its fingerprint holds ponderlm's)
+    assert third.stdout.count("== training") == 1 and "== training ponderlm-s1234-d0" in third.stdout
+    after = json.loads((study / "results" / "ponderlm-s1234-d0.json").read_text())
     assert after["difficulty"] == before["difficulty"] and after["heldout"] == before["heldout"]
 
 
 def test_a_changed_configuration_retrains_instead_of_reusing_the_old_run(study):
     """A finished run folder of another configuration is moved aside, not reused under the new fingerprint."""
-    before = json.loads((study / "results" / "vanilla-s1234.json").read_text())
-    proc = _study(study, "--set", "base.optim.weight_decay=0.05", "--set", "study.only=[vanilla]")
+    before = json.loads((study / "results" / "vanilla-s1234-d0.json").read_text())
+    proc = _study(study, "--set", "base.optim.weight_decay=0.05", "--set", "study.only=[vanilla]",
+                  "--set", "study.data_seeds=[0]")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trained under another configuration; moved to" in proc.stdout and "== training vanilla-s1234" in proc.stdout
-    after = json.loads((study / "results" / "vanilla-s1234.json").read_text())
+    assert "trained under another configuration; moved to" in proc.stdout and "== training vanilla-s1234-d0" in proc.stdout
+    after = json.loads((study / "results" / "vanilla-s1234-d0.json").read_text())
     assert after["fingerprint"] != before["fingerprint"] and after["heldout"] != before["heldout"]
-    assert len(list((study / "runs").glob("vanilla-s1234.stale-*"))) == 1
+    assert len(list((study / "runs").glob("vanilla-s1234-d0.stale-*"))) == 1
 
 
 def _res(arm, seed, accs, exits=None, mode=None, passes=4, rho=None):
@@ -132,3 +141,37 @@ def test_token_trend_table_gain_and_verdict(tmp_path):
     assert (tmp_path / "token_trend.png").stat().st_size > 10_000
     assert trend.verdict({100: -4.0, 400: -3.0}, 2.0).startswith("no change beyond the seed spread")
     assert trend.verdict({100: -4.0}, 2.0) == "one budget only: no trend yet"
+
+
+def _sym_res(arm, seed, solved, mode=None, exits=4):
+    """A result whose test split holds 10 symbols per level, each asked 5 times; ``solved[h]`` of them right."""
+    answers = [[5, 5] for _ in range(10)]
+    correct = [[5 if i < solved[0] else 0, 5 if i < solved[1] else 0] for i in range(10)]
+    counts = [[[5 if p == exits - 1 else 0 for p in range(4)] for _ in range(2)] for _ in range(10)]
+    flops = {"total": 1e6 * exits}
+    cls = {"answer": {"mean_exit": float(exits), "pass_share": 0.3, "flops": flops}}
+    per = {"symbols": list(range(10)), "answers": answers, "correct": correct, "exit_counts": counts}
+    levels = [{"difficulty": h, "accuracy": solved[h - 1] / 10} for h in (1, 2)]
+    return {"arm": arm, "seed": seed, "mode": mode or arm.split("-")[0], "passes": 4,
+            "difficulty": {"levels": levels, "classes": cls, "per_symbol": per, "flops": flops}}
+
+
+def test_decided_goals_compare_intervals_not_means():
+    from adaponder.study.decide import goals
+
+    results = ([_sym_res("vanilla", s, (10, 0)) for s in (1, 2, 3)] + [_sym_res("ponderlm", s, (10, 10)) for s in (1, 2, 3)]
+               + [_sym_res("adaponder-paper", s, (10, 10), exits=2) for s in (1, 2, 3)]
+               + [_sym_res("adaponder-warm", s, (10, 0 if s == 1 else 10), exits=2) for s in (1, 2, 3)])
+    rows = {g["goal"].split(" ")[0] + (" rho" if "Spearman" in g["goal"] else ""): g for g in goals(results)}
+    assert rows["the"]["verdict"] == "holds"                       # ponderlm − vanilla at H=2: 1.0, every resample
+    assert rows["adaponder-paper"]["verdict"] == "holds"          # equal accuracy at half the FLOPs
+    # one of three warm runs fails outright: the mean is 0.33 below ponderlm, but the interval reaches 0
+    warm = rows["adaponder-warm"]
+    assert warm["verdict"] == "undecided" and "H=2: -0.333 [-1.000, 0.000]" in warm["numbers"]
+    # the same solved symbols with the answer-token FLOPs of ponderlm: accurate enough, not cheap enough
+    dear = [r for r in results if r["arm"] != "adaponder-paper"] + [
+        _sym_res("adaponder-paper", s, (10, 10), exits=4) for s in (1, 2, 3)]
+    assert {g["goal"].split(" ")[0]: g for g in goals(dear)}["adaponder-paper"]["verdict"] == "not met"
+    results = [r for r in results if r["arm"] != "adaponder-warm"] + [
+        _sym_res("adaponder-warm", s, (10, 2), exits=2) for s in (1, 2, 3)]
+    assert {g["goal"].split(" ")[0]: g for g in goals(results)}["adaponder-warm"]["verdict"] == "not met"

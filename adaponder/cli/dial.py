@@ -36,11 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.checkpoint = checkpoint_folder(args)
+    taus = parse_taus(args.taus)  # (a bad list is named before the model loads)
     model, tok = load_for_eval(args.checkpoint, args.passes, None, args.dtype, args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
-    rows = sweep_tau(model, docs, parse_taus(args.taus), window=args.window, stride=args.stride,
+    rows = sweep_tau(model, docs, taus, window=args.window, stride=args.stride,
                      batch_size=args.batch_size, eod_id=codec.eod_id, pad_id=codec.pad_id)
     print(dial_table(rows))
     print(ONE_PASS_BASELINE)

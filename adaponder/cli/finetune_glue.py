@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
     if args.timing_budget is not None:
         overrides.append(f"timing.budget_seconds={args.timing_budget!r}")
-    cfg = load_finetune_config(find_config(args.config), overrides)
+    cfg = load_finetune_config(find_config(args.config, "glue"), overrides)
     if args.init:  # replaces the config's init together with its revision (which names another model)
         init, revision = args.init, args.init_revision
     else:

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from adaponder.cli.errors import EXIT_NONFINITE, cli_main, require_checkpoint
+from adaponder.cli.errors import EXIT_NONFINITE, UsageError, cli_main, require_checkpoint
 
 
 def default_task_path() -> Path | None:
@@ -140,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed = parser.parse_args()
     finally:
         sys.argv = saved
+    check_task_names(getattr(parsed, "tasks", None), getattr(parsed, "include_path", None))
     parser.execute(parsed)
     for lm in AdaPonderLM.instances:
         print(lm.settings.banner())
@@ -147,6 +148,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lm.summary_lines():
             print(f"  {line}")
     return _nonfinite_exit(AdaPonderLM.instances)
+
+
+def check_task_names(tasks, include_path) -> None:
+    """Every name in ``--tasks`` must be a task, group or tag lm-eval knows (or a YAML file): one ``error:`` line
+    naming the unknown one and the closest known names, before any model loads."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    names = [t.strip() for t in (tasks if isinstance(tasks, list) else str(tasks or "").split(",")) if t.strip()]
+    names = [n for n in names if not Path(n).is_file()]
+    if not names:
+        return
+    manager = TaskManager(include_path=include_path)
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known and not manager.match_tasks([name]):
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; list them with: lm-eval ls tasks"
+            raise UsageError(f"--tasks {name}: no such lm-eval task, group or tag{hint}")
 
 
 def _nonfinite_exit(instances) -> int:

@@ -117,6 +117,8 @@ def _halting_controls(args, model, docs, score_kw: dict, ctx: dict, out: Path) -
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.taus:
+        parse_taus(args.taus)  # a bad list is named before anything loads
     if args.max_tokens is None:  # sixteen re-scorings (iso-FLOPs, τ dial) of a whole corpus take hours on a CPU
         args.max_tokens = DEFAULT_MAX_TOKENS
     elif args.max_tokens <= 0:

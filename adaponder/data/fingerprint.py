@@ -94,6 +94,44 @@ def examples_fingerprint(examples: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def labels_fingerprint(labels_file: str | os.PathLike[str], shards: list[dict[str, Any]]) -> str:
+    """Fingerprint binding a label array to the tokens it labels: the label file's bytes and the recorded SHA-256
+    of every shard of its split. Labels of another corpus (even of the same length), or this file beside other
+    shards, give another fingerprint."""
+    h = hashlib.sha256(b"adaponder.labels/v1;")
+    h.update(json.dumps([s.get("sha256") for s in shards]).encode())
+    _digest(Path(labels_file), h, sample=False)
+    return h.hexdigest()[:16]
+
+
+def check_labelled_corpus(data_dir: str | os.PathLike[str], split: str, tokenizer: Any = None) -> None:
+    """Before a difficulty evaluation: the split's shards are those ``meta.json`` records, its labels are the
+    ones written with them (the fingerprint stored at generation), and ``tokenizer`` (the model's) is the
+    corpus's. A corpus written before labels were fingerprinted has its shards and tokenizer checked only.
+    :class:`DataError` names what does not belong."""
+    from .layout import read_meta, split_info, verify_shards
+
+    from .tokenizer import as_tokenizer
+
+    folder = Path(data_dir)
+    meta = read_meta(folder)
+    used = as_tokenizer(tokenizer).fingerprint if tokenizer is not None else None
+    if tokenizer is not None and used != meta.get("tokenizer_fingerprint"):
+        raise DataError(f"{folder}: the model's tokenizer (fingerprint {used}) "
+                        f"is not the corpus's ({meta.get('tokenizer_fingerprint')}, {meta['tokenizer']['name']!r}); "
+                        "evaluate a model trained on this corpus, with the tokenizer saved beside it")
+    info = split_info(meta, split, folder)
+    verify_shards(folder, split)
+    stored = info.get("labels_fingerprint")
+    if stored is None or "labels" not in info:
+        return
+    now = labels_fingerprint(folder / info["labels"], info.get("shards", []))
+    if now != stored:
+        raise DataError(f"{folder / info['labels']}: these labels do not belong to the corpus's {split} split "
+                        f"(fingerprint {now}, {'meta.json'} records {stored}): labels of another corpus, or "
+                        "edited after generation; regenerate the corpus (adaponder-reasoning-data)")
+
+
 def describe(identity: dict[str, Any] | None) -> str:
     """``fingerprint (path[, split])`` for messages."""
     if not identity:
@@ -102,5 +140,5 @@ def describe(identity: dict[str, Any] | None) -> str:
     return f"{identity.get('fingerprint')} ({where})"
 
 
-__all__ = ["data_identity", "describe", "examples_fingerprint", "indexed_fingerprint", "packed_fingerprint",
-           "source_identity"]
+__all__ = ["check_labelled_corpus", "data_identity", "describe", "examples_fingerprint", "indexed_fingerprint",
+           "labels_fingerprint", "packed_fingerprint", "source_identity"]

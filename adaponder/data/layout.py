@@ -101,6 +101,28 @@ def open_shards(
     return maps
 
 
+def verify_shards(data_dir: str | os.PathLike[str], split: str) -> int:
+    """Re-hash every shard of ``split`` against the SHA-256 that ``meta.json`` recorded at preparation (sizes
+    first: a size mismatch needs no hashing). Returns the bytes hashed; :class:`ShardError` names the first shard
+    whose content changed since it was prepared."""
+    meta = read_meta(data_dir)
+    del open_shards(data_dir, meta, split)[:]  # a missing or resized shard is named as such, before any hashing
+    hashed = 0
+    for shard in split_info(meta, split, data_dir)["shards"]:
+        path = Path(data_dir) / shard["file"]
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as err:
+            raise ShardError(f"shard {path}: cannot read it to verify it ({err.strerror or err})") from None
+        hashed += path.stat().st_size
+        if shard.get("sha256") and digest != shard["sha256"]:
+            raise ShardError(f"shard {path} changed after preparation: its sha256 is {digest}, {META_FILE} "
+                             f"records {shard['sha256']}; re-run adaponder-prepare (a run trains only on the data "
+                             f"its {META_FILE} describes)")
+    return hashed
+
+
 def split_stream(data_dir: str | os.PathLike[str], split: str) -> np.ndarray:
     """A prepared split's whole token stream (its shards concatenated, each size checked)."""
     shards = open_shards(data_dir, read_meta(data_dir), split)
@@ -132,4 +154,5 @@ __all__ = [
     "open_shards",
     "split_documents",
     "split_stream",
+    "verify_shards",
 ]

@@ -47,6 +47,7 @@ from adaponder.run_lock import lock_beside, pid_alive
 from adaponder.errors import os_reason
 
 from .errors import DataError
+from .in_use import refuse_if_read
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
 from .sources import Source, SourceStats, iter_documents, resolve_inputs
 from .tokenizer import Tokenizer, as_tokenizer
@@ -230,6 +231,7 @@ def _check_output_dir(out: Path, overwrite: bool) -> None:
     if not (out / META_FILE).is_file():
         raise DataError(f"output folder {out} is not empty and holds no {META_FILE}; refusing to overwrite it")
     read_meta(out)  # only ever replace a folder this tool wrote
+    refuse_if_read(out)  # nor one a live run is reading
 
 
 def _remove_stale_temporaries(out: Path) -> None:
@@ -354,6 +356,7 @@ def prepare(
         meta = _metadata(tok, dtype, tokenized, sources, splits, settings, trained=train_tokenizer is not None,
                          num_workers=num_workers, total_s=time.perf_counter() - t_start)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        refuse_if_read(out)  # (a run that began reading it while this preparation ran)
         _move_into_place(tmp, out)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)

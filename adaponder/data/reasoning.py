@@ -220,6 +220,7 @@ def write_multihop(out_dir: str | os.PathLike[str], spec: MultiHopSpec = MultiHo
                    overwrite: bool = False) -> dict[str, Any]:
     """Generate the corpus of ``spec`` into ``out_dir`` (a prepared data folder plus label arrays); returns
     its metadata. The folder appears complete or not at all (written beside it, then renamed)."""
+    from .fingerprint import labels_fingerprint
     from .prepare import TOKENIZER_FILE, _ShardWriter
     from .tokenizer import load_tokenizer
 
@@ -250,6 +251,8 @@ def write_multihop(out_dir: str | os.PathLike[str], spec: MultiHopSpec = MultiHo
             np.save(tmp / f"{split}{LABELS_SUFFIX}", labels)
             splits[split] = {"documents": n_docs, "tokens": int(len(tokens)), "shards": writer.close(),
                              "docs_index": docs_name(split), "labels": f"{split}{LABELS_SUFFIX}"}
+            splits[split]["labels_fingerprint"] = labels_fingerprint(tmp / f"{split}{LABELS_SUFFIX}",
+                                                                     splits[split]["shards"])
             max_id = max(max_id, int(tokens.max()))
         meta = {
             "format": FORMAT,

@@ -22,7 +22,13 @@ DEFAULT_TAUS = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 def parse_taus(text: str | Sequence[float] | None) -> list[float]:
     if text is None:
         return list(DEFAULT_TAUS)
-    vals = [float(t) for t in (text.split(",") if isinstance(text, str) else text) if str(t).strip()]
+    if isinstance(text, str):  # a command-line list: a bad item is named with the argument
+        from adaponder.cli.arg_checks import number_list
+
+        vals = number_list(text, "--taus", float, what="τ", check=lambda t: not halting_threshold_problem(t),
+                           expected="comma-separated numbers in (0, 1), e.g. 0.5,0.7,0.9")
+    else:
+        vals = [float(t) for t in text if str(t).strip()]
     bad = [t for t in vals if halting_threshold_problem(t)]
     if bad:
         raise ValueError(f"τ values must lie in (0, 1); got {bad}")

@@ -147,12 +147,14 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
                         pruning_seeds: Sequence[int] = (0,), settings: RunSettings | None = None) -> dict[str, Any]:
     """Score ``split`` of a labelled corpus with ``model`` and return :func:`by_difficulty`'s tables, plus
     ``fixed_pruning`` (rule → per-seed tables at the learned mean exit pass) for gated models."""
+    from adaponder.data.fingerprint import check_labelled_corpus
     from adaponder.data.layout import read_meta
     from adaponder.data.reasoning import read_token_labels
 
     from .perplexity import load_documents, score_documents
     from .pruning import FIXED_RULES, make_policy
 
+    check_labelled_corpus(data_dir, split, tokenizer)  # labels and tokenizer of this corpus, shards unchanged
     labels = read_token_labels(data_dir, split)
     docs = load_documents(data_dir, tokenizer, split=split)
     meta = read_meta(data_dir)

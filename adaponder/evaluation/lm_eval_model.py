@@ -57,17 +57,35 @@ from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SpeculativeConfig
 
-from .settings import check_exit_rule, recurrence_overrides, require_finite_weights, settings_of
+from .settings import (check_exit_rule, recurrence_overrides, require_finite_weights, require_readable_weights,
+                       settings_of)
 
 log = logging.getLogger("adaponder.evaluation")
 
 
-def _as_int(v):
-    return None if v is None or v == "" else int(v)
+def _as_int(v, name: str = "value"):
+    """A model argument that must be a whole number (``--model_args name=v``), or None when not given."""
+    if v is None or v == "" or v == "None":
+        return None
+    try:
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+            raise ValueError
+        return int(v) if isinstance(v, (int, float)) else int(str(v).strip())
+    except ValueError:
+        from adaponder.errors import UsageError
+
+        raise UsageError(f"--model_args {name}={v}: not an integer; expected a whole number (e.g. {name}=4)") from None
 
 
-def _as_float(v):
-    return None if v is None or v == "" else float(v)
+def _as_float(v, name: str = "value"):
+    if v is None or v == "" or v == "None":
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        from adaponder.errors import UsageError
+
+        raise UsageError(f"--model_args {name}={v}: not a number; expected a number (e.g. {name}=0.5)") from None
 
 
 @register_model("adaponder")
@@ -86,12 +104,17 @@ class AdaPonderLM(HFLM):
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
         if isinstance(ckpt, (str, os.PathLike)):  # a hub id (+ revision) is read from its cached snapshot folder
             ckpt = checkpoint_source(ckpt, kwargs.pop("revision", None))
+            require_readable_weights(ckpt)
         check_exit_rule(exit_rule)
+        # whole numbers, checked before the model loads (lm-eval hands model_args over as strings)
+        draft_tokens = _as_int(speculative_draft_tokens, "speculative_draft_tokens")
+        draft_passes = _as_int(speculative_draft_passes, "speculative_draft_passes")
+        passes = _as_int(passes, "passes")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
         if isinstance(ckpt, (str, os.PathLike)):  # K is built in (HFLM hands it on to from_pretrained)
-            kwargs.update(recurrence_overrides(ckpt, _as_int(passes)))
+            kwargs.update(recurrence_overrides(ckpt, passes))
         elif passes is not None:
             raise ValueError("passes applies to a checkpoint path; build a model instance with it instead "
                              "(AdaPonderForCausalLM.from_pretrained(path, passes=…))")
@@ -103,7 +126,7 @@ class AdaPonderLM(HFLM):
         self.nonfinite_scores = 0  # rows whose scored logits held NaN/inf (adaponder-eval then fails)
         self.exit_rule = exit_rule
         self.pruning_seed = int(pruning_seed)
-        tau = _as_float(tau)
+        tau = _as_float(tau, "tau")
         target = _as_float(target_mean_exit)
         if isinstance(exit_rule, ExitRule):  # a rule object from Python: applied as it is
             self.settings = settings_of(model, self.checkpoint, "learned", None, self.pruning_seed, tau=tau)
@@ -124,8 +147,8 @@ class AdaPonderLM(HFLM):
         model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
         model.register_forward_hook(self._post_hook, with_kwargs=True)
         self.speculative = None
-        if speculative_draft_tokens not in (None, "", "None", 0, "0"):
-            self.speculative = SpeculativeConfig(_as_int(speculative_draft_passes), _as_int(speculative_draft_tokens))
+        if draft_tokens:
+            self.speculative = SpeculativeConfig(draft_passes, draft_tokens)
             self.speculative.check(model.config.num_passes)
         AdaPonderLM.instances.append(self)
 

@@ -171,11 +171,31 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None,
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
     torch_dtype = parse_dtype(dtype)
+    require_readable_weights(path)
     model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype,
                                                  **recurrence_overrides(path, passes))
     require_finite_weights(model, path)
     model.to(device).eval()
     return model, load_tokenizer_for(path)
+
+
+def require_readable_weights(checkpoint: str | os.PathLike) -> None:
+    """Every ``*.safetensors`` file of a checkpoint folder must open (its header read and its size checked
+    against the tensors it lists; nothing else is read): a truncated or damaged file is named, with safetensors'
+    reason, instead of a deserializing error that names no file."""
+    from safetensors import SafetensorError, safe_open
+
+    from adaponder.errors import UsageError
+
+    folder = os.fspath(checkpoint)
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(folder, name), framework="pt"):
+                pass
+        except SafetensorError as err:
+            reason = str(err).removeprefix("Error while deserializing header: ")
+            raise UsageError(f"{os.path.join(folder, name)}: cannot be read ({reason}): the file is truncated or "
+                             "damaged; export the checkpoint again") from None
 
 
 def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
@@ -193,4 +213,4 @@ def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
 
 
 __all__ = ["EXIT_RULES", "RecurrenceSettings", "check_exit_rule", "load_for_eval",
-           "load_tokenizer_for", "parse_dtype", "recurrence_overrides", "require_finite_weights", "settings_of", "trained_passes"]
+           "load_tokenizer_for", "parse_dtype", "recurrence_overrides", "require_finite_weights", "require_readable_weights", "settings_of", "trained_passes"]

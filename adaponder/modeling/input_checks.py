@@ -76,6 +76,12 @@ def check_token_ids(vocab_size: int, **tensors: torch.Tensor | None) -> None:
     reduction per tensor and a single host transfer for all of them. Labels with nothing to score (every target
     -100; ``labels`` are shifted, so their first column never counts) raise :class:`ModelInputError`: the mean
     loss over no tokens would be NaN."""
+    ids = tensors.get("input_ids")
+    for name in ("labels", "shift_labels"):  # (shapes only: no host sync) torch would name neither tensor
+        t = tensors.get(name)
+        if ids is not None and t is not None and tuple(t.shape) != tuple(ids.shape):
+            raise ModelInputError(f"{name} must have the shape of input_ids {tuple(ids.shape)} ([batch, length]: "
+                                  f"one label per input token), got {tuple(t.shape)}")
     named = [(n, t if n == "input_ids" else t.masked_fill(t == -100, 0)) for n, t in tensors.items()
              if t is not None and t.numel()]
     if not named:

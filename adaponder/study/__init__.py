@@ -51,6 +51,15 @@ def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh
     """Run every (arm, seed, data seed) not finished yet, then write the report. Returns the report's path.
     ``refresh`` first re-reads the training summary of every finished arm whose run folder is still there;
     ``train_only`` trains what is missing and writes neither results nor the report (returns None)."""
+    from adaponder.run_lock import lock_folder
+
+    # One study per study folder: a second one would re-run an arm's final validation and export, and append
+    # to its metrics, while the first is still at work on it.
+    with lock_folder(cfg.study.runs_dir, "study folder"):
+        return _run_study(cfg, command, only_report, refresh, log, train_only)
+
+
+def _run_study(cfg: StudyConfig, command: str, only_report: bool, refresh: bool, log, train_only: bool) -> Path | None:
     from .report import write_report
 
     runs = cfg.arm_runs()

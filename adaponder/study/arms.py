@@ -20,11 +20,15 @@ import yaml
 from adaponder.jsonio import json_safe, write_json_atomic
 from adaponder.modeling.exit_rules import NoHalting
 from adaponder.modeling.run_settings import RunSettings
+from adaponder.run_lock import lock_folder
 
 from .config import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
-RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class
+RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class (labelled tasks only)
+#: Versions whose results still stand: a text study's evaluation is the same in both (what version 2 added is
+#: for labelled tasks, whose fingerprints changed with it).
+READABLE_VERSIONS = (1, 2)
 
 
 def arm_id(arm: str, seed: int, data_seed: int | None = None) -> str:
@@ -49,7 +53,7 @@ def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = N
     if not path.is_file():
         return None
     res = json.loads(path.read_text(encoding="utf-8"))
-    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") != RESULT_VERSION:
+    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") not in READABLE_VERSIONS:
         return None
     return res
 
@@ -61,6 +65,9 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
     Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions. An arm started from
     another (``from_arm``) trains that one first when its checkpoint is not there."""
     run_dir = run_dir_of(cfg, arm, seed, data_seed)
+    # Another job on this arm's folder (a pretraining started by hand): refused here, naming it, rather than by
+    # the training subprocess, whose failure would advise a rerun that cannot succeed while that job runs.
+    lock_folder(run_dir, "arm run folder").release()
     arm_dirs = {}
     source = cfg.arms[arm].get("from_arm")
     if source is not None:
@@ -235,13 +242,17 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, da
     run_dir = train_arm(cfg, arm, seed, data_dir, log, data_seed)
     if train_only:
         return None
-    log(f"== evaluating {arm_id(arm, seed, data_seed)} on the held-out split")
-    result = {"version": RESULT_VERSION, "arm": arm, "seed": seed,
-              **({} if data_seed is None else {"data_seed": data_seed}),
-              "fingerprint": cfg.fingerprint(arm, seed, data_seed),
-              "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
-              "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
-    write_json_atomic(result_path(cfg, arm, seed, data_seed), result)
+    held = lock_folder(run_dir, "arm run folder")  # no other job re-trains or re-exports it while it is evaluated
+    try:
+        log(f"== evaluating {arm_id(arm, seed, data_seed)} on the held-out split")
+        result = {"version": RESULT_VERSION, "arm": arm, "seed": seed,
+                  **({} if data_seed is None else {"data_seed": data_seed}),
+                  "fingerprint": cfg.fingerprint(arm, seed, data_seed),
+                  "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
+                  "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
+        write_json_atomic(result_path(cfg, arm, seed, data_seed), result)
+    finally:
+        held.release()
     h = result["heldout"]
     log(f"== {arm_id(arm, seed, data_seed)}: held-out ppl {h['ppl']:.2f}, mean exit pass {h['mean_exit']:.3f}, "
         f"{h['flops']['total'] / 1e6:.2f} MFLOP/token; train {result['train']['tokens_per_s']:.0f} tok/s")

@@ -59,6 +59,8 @@ class StudySection:
     #: A smoke run of the pipeline (the quick profiles): its report is titled as such and gives no verdicts,
     #: since arms trained for a few steps say nothing about the claims.
     pipeline_check: bool = False
+    #: Which settings were chosen on which data, printed in the report beside the figures they may flatter.
+    settings_chosen_on: str | None = None
 
 
 @dataclass
@@ -162,7 +164,10 @@ class StudyConfig:
         """What decides an arm's result: its training config (minus output paths), data and evaluation (and, for
         an arm started from another, that arm's fingerprint)."""
         raw = self.train_raw(arm, seed, "<data>", "<out>")
-        what = {"train": raw, "data": self.data_identity(data_seed), "eval": vars(self.eval)}
+        evaluation = dict(vars(self.eval))
+        if evaluation.get("perplexity_controls", True):  # the default: results stored before the key keep theirs
+            del evaluation["perplexity_controls"]
+        what = {"train": raw, "data": self.data_identity(data_seed), "eval": evaluation}
         source = self.arms[arm].get("from_arm")
         if source is not None:
             what["from_arm"] = self.fingerprint(source, seed, data_seed)

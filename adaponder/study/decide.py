@@ -104,7 +104,7 @@ def _share(r: Mapping, cls: str) -> float:
 
 
 def section(results: Sequence[Mapping], task_options: Mapping | None, data_seeds: Sequence[int] | None,
-            verdicts: bool = True) -> list[str]:
+            verdicts: bool = True, settings_note: str | None = None) -> list[str]:
     """The decision section's Markdown lines (empty when no result carries per-symbol outcomes)."""
     if not _arms(results):
         return []
@@ -115,6 +115,8 @@ def section(results: Sequence[Mapping], task_options: Mapping | None, data_seeds
          "bootstrap: runs with replacement, then each run's query symbols with replacement (every answer about one "
          f"symbol stands or falls together). {iv.RESAMPLES} resamples. The test split is read here once; the "
          "development split (its own symbols) is where a setting may be chosen.\n"]
+    if settings_note:
+        L.append(f"Settings and the splits they were chosen on: {settings_note.strip()}\n")
     floors = {}
     if task_options:
         seeds = list(data_seeds or [task_options.get("seed", 0)])

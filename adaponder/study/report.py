@@ -298,7 +298,8 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
 
     from . import decide
 
-    L += decide.section(results, cfg.task_options() if cfg.data.task else None, cfg.study.data_seeds, verdicts=verdicts)
+    L += decide.section(results, cfg.task_options() if cfg.data.task else None, cfg.study.data_seeds, verdicts=verdicts,
+                        settings_note=cfg.study.settings_chosen_on)
     L += section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
                        note(results) if results else "", verdicts=verdicts)

@@ -588,9 +588,46 @@ def plan_run(cfg: TrainConfig, world_size: int) -> RunPlan:
     s0, s1 = _to_steps(cfg.schedule.s0, total), _to_steps(cfg.schedule.s1, total)
     if s1 < s0:
         raise TrainConfigError([f"schedule.s1 resolves to step {s1}, before schedule.s0 (step {s0})"], cfg.source)
-    return RunPlan(world_size=world_size, micro_batch=t.micro_batch, grad_accum=accum, global_batch=global_batch,
+    plan = RunPlan(world_size=world_size, micro_batch=t.micro_batch, grad_accum=accum, global_batch=global_batch,
                    seq_len=cfg.data.seq_len, total_steps=total, warmup_steps=_to_steps(cfg.optim.warmup, total),
                    s0=s0, s1=s1, gates_only_steps=gates_only)
+    problems, _ = schedule_findings(cfg, plan)
+    if problems:
+        raise TrainConfigError(problems, cfg.source)
+    return plan
+
+
+def schedule_findings(cfg: TrainConfig, plan: RunPlan) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of what the schedules can do in the run's ``plan.total_steps`` steps (0-based:
+    the last is ``total - 1``). A problem is a schedule the run cannot carry out as written (a warm-up longer
+    than the run, a ponder loss or a gate warm-up that would start or end after the last step, a stop past the
+    end); a warning is one it carries out in an odd way. Step counts given as fractions always fit: only counts
+    given as steps (or a token budget that shrank the run) can reach these."""
+    total, s, t = plan.total_steps, cfg.schedule, cfg.train
+    last = f"the run's last step ({total - 1}; {total} steps)"
+    problems, warnings = [], []
+    if plan.warmup_steps > total:
+        problems.append(f"optim.warmup: {plan.warmup_steps} warm-up steps exceed the run's {total} steps: the "
+                        f"learning rate would never reach optim.lr ({cfg.optim.lr}); lower optim.warmup or give "
+                        "a fraction of the run (e.g. 0.01)")
+    elif plan.warmup_steps == total and total > 1:
+        warnings.append(f"optim.warmup: the warm-up spans all {total} steps: the learning rate reaches optim.lr "
+                        "only at the last step and never decays")
+    if cfg.model.recurrence == "adaponder":  # only gated runs have a ponder loss and gates to warm up
+        if s.ponder_weight > 0 and plan.s0 >= total:
+            problems.append(f"schedule.s0: the ponder loss starts at step {plan.s0}, after {last}: it would never "
+                            "be applied; lower schedule.s0 (a fraction such as 0.2 follows the run's length) or "
+                            "set schedule.ponder_weight: 0")
+        elif s.gate_warmup != "live" and plan.s0 >= total:
+            problems.append(f"schedule.gate_warmup: {s.gate_warmup!r} lasts until schedule.s0 (step {plan.s0}), "
+                            f"after {last}: the gates would never act; lower schedule.s0 or use gate_warmup: live")
+        elif (s.ponder_weight > 0 or s.gate_warmup == "floored") and plan.s1 > total:
+            what = "the ponder-loss ramp (k up to schedule.k_max)" if s.ponder_weight > 0 else "the gate floor's relaxing"
+            warnings.append(f"schedule.s1: {what} ends at step {plan.s1}, after {last}: the run stops part-way")
+    if t.stop_at is not None and t.stop_at > total:
+        problems.append(f"train.stop_at: step {t.stop_at} is beyond the run's {total} steps: the run would "
+                        f"finish at step {total} without stopping there; lower train.stop_at or leave it out")
+    return problems, warnings
 
 
 def _run_settings_problem(fields: Mapping[str, Any]) -> str | None:
@@ -603,5 +640,5 @@ def _run_settings_problem(fields: Mapping[str, Any]) -> str | None:
 
 
 __all__ = ["TrainConfig", "TrainConfigError", "RunPlan", "load_config", "config_from_dict", "apply_overrides",
-           "plan_run", "ModelSection", "batch_override_problems", "SECTIONS", "backbone_shape",
+           "plan_run", "schedule_findings", "ModelSection", "batch_override_problems", "SECTIONS", "backbone_shape",
            "BACKBONE_SHAPE_KEYS"]

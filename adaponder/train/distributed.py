@@ -103,14 +103,47 @@ def lock_on_rank0(folder: Path, rank: int, what: str = "run folder"):
     return lock
 
 
+def _paths_to(tree: Any, key: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if not isinstance(tree, dict):
+        return []
+    found = [prefix + (key,)] if key in tree else []
+    return found + [p for k, v in tree.items() for p in _paths_to(v, key, prefix + (str(k),))]
+
+
+def deepspeed_config_problems(err: Exception, ds_config: dict[str, Any]) -> list[str]:
+    """One line per setting DeepSpeed's own config validation refused, named as the ``deepspeed.overrides`` key
+    it came from (the generated part of the config is always valid), with DeepSpeed's reason; [] when ``err``
+    is not such a validation error."""
+    errors = getattr(err, "errors", None)
+    if not callable(errors) or not str(getattr(err, "title", "")).startswith("DeepSpeed"):
+        return []
+    out = []
+    for e in errors():
+        loc = [str(x) for x in e.get("loc", ())]
+        paths = _paths_to(ds_config, loc[0]) if loc else []
+        where = "deepspeed.overrides." + ".".join(paths[0] + tuple(loc[1:])) if paths else "deepspeed.overrides"
+        reason = "unknown DeepSpeed key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+        out.append(f"{where}: {reason} (DeepSpeed's {err.title} refused {e.get('input')!r}); see "
+                   "DeepSpeed's configuration documentation for the keys of this section")
+    return out
+
+
 def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
     """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
     that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
     pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
     import deepspeed
 
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
-                                           dist_init_required=False)
+    try:
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
+                                               dist_init_required=False)
+    except ValueError as err:  # pydantic's ValidationError of DeepSpeed's config models
+        problems = deepspeed_config_problems(err, ds_config)
+        if not problems:
+            raise
+        from .config import TrainConfigError
+
+        raise TrainConfigError(problems) from None
     if ds_config.get("zero_optimization", {}).get("stage") == 3:
         module = engine.module
         for p in module.external_parameters():

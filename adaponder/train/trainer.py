@@ -37,8 +37,8 @@ from adaponder.modeling.run_settings import RunSettings
 
 from . import metrics as M
 from .checkpoint import CheckpointError, read_latest
-from .config import RunPlan, TrainConfig, TrainConfigError, plan_run
-from .distributed import deal
+from .config import RunPlan, TrainConfig, TrainConfigError, plan_run, schedule_findings
+from .distributed import broadcast_error, deal
 from .finite_weights import module_weights_problem
 from .ds_config import clips_in_deepspeed
 from .harness import RunHarness
@@ -107,6 +107,13 @@ class Trainer(RunHarness):
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.plan: RunPlan = plan_run(cfg, self.world_size)
         self.total_steps = self.plan.total_steps
+        for line in schedule_findings(cfg, self.plan)[1]:
+            self._warn(line)
+
+    def _warn(self, line: str) -> None:
+        """One ``warning:`` line (rank 0): the run goes on, but the user should know."""
+        if self.rank == 0:
+            M.write_console(f"warning: {line}")
 
     def data_record(self) -> dict[str, Any]:
         from adaponder.data.fingerprint import data_identity
@@ -156,7 +163,37 @@ class Trainer(RunHarness):
         from adaponder.data.tokenizer import load_tokenizer
 
         self.tokenizer_path = prepare_data(self.cfg, self.rank)
+        self.hold_and_verify_data()
         self.tokenizer = load_tokenizer(self.tokenizer_path)
+
+    def hold_and_verify_data(self) -> None:
+        """Collective: rank 0 registers the run as a reader of each prepared folder it reads (so no
+        ``adaponder-prepare --overwrite`` replaces it under the run) and re-hashes the shards of each split it reads
+        against ``meta.json``, at every start and resume; a failure reaches every rank."""
+        from adaponder.data.errors import DataError
+        from adaponder.data.in_use import hold_data
+        from adaponder.data.layout import verify_shards
+        from adaponder.data.training_source import training_source, validation_source
+
+        cfg = self.cfg
+        sources = [training_source(cfg.data)]
+        err = None
+        if self.rank == 0:
+            try:
+                if cfg.eval.every or cfg.eval.at_end:
+                    sources.append(validation_source(cfg.data))
+                packed = [s for s in sources if s.kind == "packed"]
+                for folder in dict.fromkeys(s.path for s in packed):
+                    self.locks.append(hold_data(folder, f"{self.folder_name} {self.out_dir}"))
+                t0, hashed = time.perf_counter(), sum(verify_shards(s.path, s.split) for s in packed)
+                if time.perf_counter() - t0 >= 2:  # (said only when it is a noticeable part of the start-up)
+                    M.write_console(f"data verified against meta.json: {hashed / 1e6:.1f} MB of shards re-hashed "
+                                    f"in {time.perf_counter() - t0:.2f} s")
+            except DataError as e:
+                err = str(e)
+        err = broadcast_error(err)
+        if err:
+            raise DataError(err)
 
     def build_model(self) -> None:
         cfg = self.cfg
@@ -171,6 +208,13 @@ class Trainer(RunHarness):
         self.loader = train_loader(cfg.data, seq_len=self.plan.seq_len, micro_batch=self.plan.micro_batch,
                                    rank=self.rank, world_size=self.world_size, seed=cfg.train.seed,
                                    tokenizer=self.tokenizer, vocab_size=model.config.vocab_size)
+        plan = self.plan
+        if self.loader.num_samples < plan.global_batch:
+            # (not an error: a tiny corpus is a legitimate smoke test, but every step then repeats samples)
+            self._warn(f"data.path: the training data {cfg.data.path} holds {self.loader.num_samples} samples of "
+                       f"data.seq_len + 1 = {plan.seq_len + 1} tokens, fewer than one global batch of "
+                       f"{plan.global_batch} (train.micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum} × "
+                       f"{plan.world_size} ranks): every step draws the same samples again")
         # Fail now, not at the first validation, if the validation data (data.val_path or the val split) is unusable.
         if cfg.eval.every or cfg.eval.at_end:
             next(validation_batches(cfg.data, seq_len=self.plan.seq_len, micro_batch=1, rank=0,
