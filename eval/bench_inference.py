@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config  # noqa: E402
 from adaponder.modeling.depth_batching import DepthBatchedDecoder  # noqa: E402
+from adaponder.modeling.run_settings import DEFAULT_TAU  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -67,7 +68,7 @@ def per_gate_share(saving: float, passes: int) -> float:
 def calibrate(model: AdaPonderForCausalLM, ids: torch.Tensor, saving: float) -> list[torch.Tensor]:
     """Gate biases such that the token-pass saving on ``ids`` is ``saving`` (quantiles of the gate logits, gate
     by gate, since halting compounds). Returns the biases."""
-    tau = model.config.halting_threshold
+    tau = DEFAULT_TAU  # the decoders below run with the default RunSettings
     target = math.log(tau / (1 - tau))
     share = per_gate_share(saving, model.config.passes)
     for gate in model.gates:

@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):
             for name in ("on", "off"):
                 lm = AdaPonderLM(checkpoint=str(ckpt), batch_size=args.batch_size, device=args.device,
-                                 **({"halting_threshold": OFF_TAU} if name == "off" else {}))
+                                 **({"tau": OFF_TAU} if name == "off" else {}))
                 timer = ForwardTimer(lm.model)
                 res, wall = run("adaponder", None, lm, args, task_manager)
                 runs[name].append((wall, timer.seconds, res))

@@ -8,7 +8,7 @@ time, tokens/s and peak memory of a full training step (forward, backward, AdamW
   hf-1pass    plain HF GPT-NeoX, one pass (the MFU reference);
   ponderlm    ``AdaPonderForCausalLM`` in ``ponderlm`` mode;
   adaponder   ``AdaPonderForCausalLM`` in ``adaponder`` mode (gates open, λ·ponder loss included);
-  ponderlm-keep, adaponder-keep  the same with ``ponder_recompute=False`` (probabilities kept for backward
+  ponderlm-keep, adaponder-keep  the same with ``RunSettings(recompute=False)`` (probabilities kept for backward
               instead of recomputed, as the naive code does: one head-sized product less per pondering
               pass, B×T×V memory per pass);
 
@@ -75,6 +75,7 @@ def build(variant: str, size: str, dtype: torch.dtype):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from adaponder.modeling import AdaPonderForCausalLM, ponder_loss, pythia_config, pythia_shape
+    from adaponder.modeling.run_settings import RunSettings
 
     torch.manual_seed(0)
     if variant in ("naive", "hf-1pass"):
@@ -106,12 +107,12 @@ def build(variant: str, size: str, dtype: torch.dtype):
                                                          **({} if K > 1 else {"passes": 1})))
         return model, loss_fn, flops_model
     mode = variant.split("+")[0]
-    keep = mode.endswith("-keep")  # ponder_recompute=False: probabilities kept for backward
-    model = AdaPonderForCausalLM(pythia_config(size, mode=mode.removesuffix("-keep"),
-                                               ponder_recompute=not keep)).to(dtype)
+    keep = mode.endswith("-keep")  # recompute=False: probabilities kept for backward
+    model = AdaPonderForCausalLM(pythia_config(size, mode=mode.removesuffix("-keep"))).to(dtype)
+    settings = RunSettings(recompute=not keep)
 
     def loss_fn(x, y):
-        out = model(input_ids=x, shift_labels=y, use_cache=False, return_logits=False)
+        out = model(input_ids=x, shift_labels=y, use_cache=False, return_logits=False, settings=settings)
         loss = out.loss
         if out.gate_values is not None:
             loss = loss + 0.1 * ponder_loss(out.gate_values, out.gate_mask, 0.1)

@@ -1,6 +1,7 @@
 """Shared test setup: offline hub access, deterministic CPU math, tiny configs."""
 
 import os
+import weakref
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,6 +32,34 @@ def tiny_config(mode="adaponder", **overrides):
                   tie_word_embeddings=False, mode=mode)
     values.update(overrides)
     return AdaPonderConfig(**values)
+
+
+_BOUND = weakref.WeakKeyDictionary()
+
+
+def run_with(model, **settings):
+    """Every call of ``model`` that names no ``settings`` runs with ``RunSettings(**settings)`` (a forward pre-hook,
+    as the lm-eval model sets them; the config is not touched). Returns the model; :func:`settings_for` gives the
+    settings back, for decoders that take them as an argument."""
+    from adaponder.modeling.run_settings import RunSettings
+
+    bound = RunSettings(**settings)
+
+    def hook(module, args, kwargs):
+        if kwargs.get("settings") is None:
+            kwargs["settings"] = bound
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    _BOUND[model] = bound
+    return model
+
+
+def settings_for(model):
+    """The settings :func:`run_with` bound to ``model`` (default settings when none were)."""
+    from adaponder.modeling.run_settings import RunSettings
+
+    return _BOUND.get(model, RunSettings())
 
 
 @pytest.fixture

@@ -7,12 +7,14 @@ imports it) and lives under pytest's session temporary folder.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from adaponder.modeling.run_settings import DEFAULT_TAU
 from conftest import SHARED_DATA
 
 TOKENIZER_FILE = SHARED_DATA / "tokenizers" / "gpt-neox-20b" / "tokenizer.json"
@@ -34,8 +36,10 @@ def tiny_tokenizer():
 def tiny_model(**overrides):
     from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 
+    # Gates start at s ≈ DEFAULT_TAU, so that at the τ every evaluation runs with unless told otherwise some tokens
+    # halt after each pass and some go on (τ is a setting of each call, not saved with the checkpoint).
     values = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                  vocab_size=50304, mode="adaponder", gate_init_bias=0.0, halting_threshold=0.5)
+                  vocab_size=50304, mode="adaponder", gate_init_bias=math.log(DEFAULT_TAU / (1 - DEFAULT_TAU)))
     values.update(overrides)
     torch.manual_seed(0)
     return AdaPonderForCausalLM(AdaPonderConfig(**values)).eval()

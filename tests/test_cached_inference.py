@@ -12,14 +12,14 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache
-from conftest import tiny_config
+from conftest import run_with, settings_for, tiny_config
 
 
 def calibrate_gates(model, ids, halted_total):
     """Set each gate's output bias so that about ``halted_total`` of all tokens halt before the last pass,
     spread over the gates (each halts the same share of the tokens still active at its pass; gate logit
     below logit(τ)). Gates are calibrated in order, as halting compounds."""
-    tau = model.config.halting_threshold
+    tau = settings_for(model).tau
     halt_per_gate = 1 - (1 - halted_total) ** (1 / len(model.gates))
     target = math.log(tau / (1 - tau))
     for i, gate in enumerate(model.gates):
@@ -49,10 +49,10 @@ def random_model(seed, halt_per_gate):
         rotary_pct=pick([0.25, 1.0]),
         use_parallel_residual=pick([True, False]),
         input_scale=pick([1.0, 2.0]),
-        halting_threshold=pick([1e-4, 0.3]),
     )
+    tau = pick([1e-4, 0.3])
     torch.manual_seed(seed)
-    model = AdaPonderForCausalLM(cfg).eval()
+    model = run_with(AdaPonderForCausalLM(cfg).eval(), tau=tau)
     ids = torch.randint(0, cfg.vocab_size, (3, 16), generator=g)
     calibrate_gates(model, ids, halt_per_gate)
     return model, ids
@@ -114,9 +114,8 @@ def test_compaction_really_skips_halted_tokens():
 
 def test_greedy_generate_equals_full_recompute():
     torch.manual_seed(0)
-    cfg = tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5, pad_token_id=1, eos_token_id=0,
-                      bos_token_id=0)
-    model = AdaPonderForCausalLM(cfg).eval()
+    cfg = tiny_config("adaponder", gate_init_bias=0.0, pad_token_id=1, eos_token_id=0, bos_token_id=0)
+    model = run_with(AdaPonderForCausalLM(cfg).eval(), tau=0.5)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(2, 97, (3, 7), generator=g)
     mask = torch.ones_like(ids)

@@ -9,6 +9,8 @@ import textwrap
 import pytest
 import torch
 import yaml
+
+from adaponder.modeling.run_settings import RunSettings
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from adaponder.modeling import (PYTHIA_SHAPES, AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM,
@@ -18,7 +20,8 @@ from conftest import tiny_config
 
 def test_save_load_in_process_without_adaponder(tmp_path):
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5)).eval()
+    # gates start at s ≈ 1e-4, the default τ: some tokens halt after each pass in both processes
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=-9.21)).eval()
     model.save_pretrained(tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["auto_map"]["AutoModelForCausalLM"].endswith("AdaPonderForCausalLM")
@@ -91,15 +94,15 @@ def test_config_reports_every_problem_at_once(tmp_path):
         AdaPonderConfig.from_mapping(yaml.safe_load(path.read_text()), source=str(path))
     msg = str(err.value)
     for needle in ("hidden_size' (100) must be divisible by 'num_attention_heads' (7)", "'passes' (K) must be >= 1",
-                   "'halting_threshold' (τ) must lie in (0, 1)", "'mode' must be one of", "unknown key 'gate_widht'",
+                   "'halting_threshold' is a run-time setting", "'mode' must be one of", "unknown key 'gate_widht'",
                    str(path)):
         assert needle in msg, needle
     assert len(err.value.problems) == 5
 
 
 def test_config_direct_construction_also_validates():
-    with pytest.raises(Exception, match="halting_threshold"):
-        AdaPonderConfig(hidden_size=64, num_attention_heads=4, halting_threshold=0.0)
+    with pytest.raises(ValueError, match="τ"):  # τ is a run-time setting, checked where it is given
+        RunSettings(tau=0.0)
     with pytest.raises(Exception, match="vanilla"):
         AdaPonderConfig(hidden_size=64, num_attention_heads=4, mode="vanilla", passes=4)
 

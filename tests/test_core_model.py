@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXModel
 
+from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling import AdaPonderForCausalLM, ponder_loss
 from adaponder.modeling.modeling_adaponder import PythiaBackbone, SkinnyLinear
 from conftest import tiny_config
@@ -44,8 +45,8 @@ def make(mode="adaponder", seed=0, **kw):
 
 
 def test_backbone_is_gpt_neox_with_skinny_linears_holding_the_same_weights():
-    """The backbone swaps its layers' nn.Linear modules for SkinnyLinear ones holding the same parameters: names,
-    state dict and (seeded) initial weights stay transformers' own, and no plain nn.Linear is left in the layers."""
+    """The backbone builds its layers with SkinnyLinear maps where transformers builds nn.Linear ones: names, state
+    dict and (seeded) initial weights stay transformers' own, and no plain nn.Linear is in the layers."""
     cfg = tiny_config("vanilla")
     torch.manual_seed(0)
     ours = PythiaBackbone(cfg)
@@ -180,10 +181,10 @@ def test_halted_tokens_freeze_logits_and_kv():
 
 
 def test_halting_mask_is_monotone_and_gates_get_gradients():
-    model = make("adaponder", gate_init_bias=0.0, halting_threshold=0.5)
+    model = make("adaponder", gate_init_bias=0.0)
     model.train()
     ids, mask = batch_with_padding()
-    out = model(ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    out = model(ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), settings=RunSettings(tau=0.5))
     gm = out.gate_mask
     assert 0 < gm.float().mean() < 1, "the test needs some tokens to halt"
     assert (gm[..., 1:] <= gm[..., :-1]).all()  # A6: once halted, always halted
@@ -210,9 +211,9 @@ def test_ponder_loss_bottom_k_of_active_gates_only():
 
 
 def test_ponder_loss_on_model_output_uses_pool():
-    model = make("adaponder", gate_init_bias=0.0, halting_threshold=0.5)
+    model = make("adaponder", gate_init_bias=0.0)
     ids, mask = batch_with_padding()
-    out = model(ids, attention_mask=mask, use_cache=False)
+    out = model(ids, attention_mask=mask, use_cache=False, settings=RunSettings(tau=0.5))
     pool = out.gate_values[out.gate_mask]
     n = math.ceil(0.3 * pool.numel())
     expected = pool.sort().values[:n].mean()
@@ -245,13 +246,13 @@ def test_loop_trains_and_equals_vanilla_at_one_pass():
 
 
 def test_pass_checkpointing_gives_same_gradients():
-    model = make("adaponder", gate_init_bias=0.0, halting_threshold=0.5).train()
+    model = make("adaponder", gate_init_bias=0.0).train()
     ids, mask = batch_with_padding()
     grads = []
     for ckpt in (False, True):
         model.zero_grad()
         model.gradient_checkpointing_enable() if ckpt else model.gradient_checkpointing_disable()
-        out = model(ids, attention_mask=mask, labels=ids)
+        out = model(ids, attention_mask=mask, labels=ids, settings=RunSettings(tau=0.5))
         (out.loss + 0.1 * ponder_loss(out.gate_values, out.gate_mask, 0.2)).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.modeling.depth_batching import DecoderPrefill, DepthBatchedDecoder, RowPlan, TickGates, row_attention
-from conftest import tiny_config
+from conftest import settings_for, tiny_config
 from test_cached_inference import random_model
 
 
@@ -34,7 +34,7 @@ def test_each_row_decodes_as_it_would_alone(seed):
     model, ids = random_model(seed, halt_per_gate=0.5)
     prompts = torch.cat([ids, ids.flip(0)])[:, :12]  # 6 rows
     new = 10
-    res = DepthBatchedDecoder(model).generate(prompts, new)
+    res = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, new)
     assert res.sequences.shape == (6, 12 + new)
     assert torch.equal(res.sequences[:, :12], prompts)
     for b in range(prompts.shape[0]):
@@ -49,7 +49,7 @@ def test_each_row_decodes_as_it_would_alone(seed):
 def test_rows_really_run_at_different_passes():
     model, ids = random_model(5, halt_per_gate=0.5)
     K = model.config.num_passes
-    res = DepthBatchedDecoder(model).generate(ids[:, :8], 12)
+    res = DepthBatchedDecoder(model, settings_for(model)).generate(ids[:, :8], 12)
     assert len(set(res.exit_pass[:, 1:].reshape(-1).tolist())) > 1  # tokens halt at different passes ...
     assert res.ticks < 11 * K  # ... and a halted row did not wait for the others: fewer ticks than lockstep
     assert res.ticks >= int(res.exit_pass[:, 1:].sum(1).max())
@@ -60,7 +60,7 @@ def test_ungated_modes_equal_decoding_alone(mode):
     torch.manual_seed(0)
     model = AdaPonderForCausalLM(tiny_config(mode, **({"passes": 3} if mode == "ponderlm" else {}))).eval()
     prompts = torch.randint(0, model.config.vocab_size, (3, 9))
-    res = DepthBatchedDecoder(model).generate(prompts, 6)
+    res = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 6)
     for b in range(3):
         tokens, exits = decode_alone(model, prompts[b], 6)
         assert res.sequences[b, 9:].tolist() == tokens
@@ -76,9 +76,9 @@ def test_ungated_modes_equal_decoding_alone(mode):
 def test_eos_ends_a_row_and_pads_it():
     model, ids = random_model(1, halt_per_gate=0.3)
     prompts = ids[:, :10]
-    first = DepthBatchedDecoder(model).generate(prompts, 8)
+    first = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 8)
     eos = int(first.sequences[0, 12])  # row 0's third generated token
-    res = DepthBatchedDecoder(model).generate(prompts, 8, eos_token_id=eos)
+    res = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 8, eos_token_id=eos)
     for b in range(prompts.shape[0]):
         tokens, exits = decode_alone(model, prompts[b], 8, eos=eos)
         n = len(tokens)
@@ -131,17 +131,17 @@ def test_tick_gates_give_each_row_the_gate_of_its_own_pass():
 def test_bad_arguments_are_named():
     model = AdaPonderForCausalLM(tiny_config("loop", passes=2)).eval()
     with pytest.raises(ValueError, match="modes vanilla, ponderlm and adaponder"):
-        DepthBatchedDecoder(model)
+        DepthBatchedDecoder(model, settings_for(model))
     model = AdaPonderForCausalLM(tiny_config("adaponder")).eval()
     with pytest.raises(ValueError, match="max_new_tokens"):
-        DepthBatchedDecoder(model).generate(torch.zeros(1, 3, dtype=torch.long), 0)
+        DepthBatchedDecoder(model, settings_for(model)).generate(torch.zeros(1, 3, dtype=torch.long), 0)
 
 
 def test_max_ticks_stops_with_whole_tokens_only():
     model, ids = random_model(2, halt_per_gate=0.5)
     prompts = ids[:, :8]
-    full = DepthBatchedDecoder(model).generate(prompts, 12)
-    part = DepthBatchedDecoder(model).generate(prompts, 12, max_ticks=9)
+    full = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 12)
+    part = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 12, max_ticks=9)
     assert part.ticks == 9
     for b in range(prompts.shape[0]):
         n = int(part.new_tokens[b])
@@ -153,7 +153,7 @@ def test_max_ticks_stops_with_whole_tokens_only():
 
 def test_prefill_fills_the_decoders_layout_without_a_copy():
     model, ids = random_model(3, halt_per_gate=0.5)
-    dec = DepthBatchedDecoder(model)
+    dec = DepthBatchedDecoder(model, settings_for(model))
     prompts = ids[:, :10]
     cache = dec.new_cache(prompts.shape[0], 10 + 6)
     with torch.no_grad():
@@ -186,7 +186,7 @@ def test_buffers_grow_as_the_ticks_reach_their_end(monkeypatch):
     # Rows of the transposed keys span the whole capacity, so the buffers start small and double; growing must not
     # change a token, and a prefill decoded past its room stays reusable.
     model, ids = random_model(4, halt_per_gate=0.5)
-    dec = DepthBatchedDecoder(model)
+    dec = DepthBatchedDecoder(model, settings_for(model))
     prompts = ids[:, :8]
     roomy = dec.generate(prompts, 14)  # room for everything from the start (GROWTH 64)
     monkeypatch.setattr(DepthBatchedDecoder, "GROWTH", 2)

@@ -19,7 +19,7 @@ def test_help_documents_the_checkpoint_default_model_and_pass_through(capsys):
     assert own.startswith("usage: adaponder-eval [CHECKPOINT]") and passed, out[:500]
     own, passed = " ".join(own.split()), " ".join(passed.split())  # argparse wraps to the terminal width
     for text in ("CHECKPOINT", "becomes checkpoint=CHECKPOINT in --model_args", "default: adaponder, not lm-eval's hf",
-                 "revision=REV", "halting_threshold=TAU", "exit_rule=learned|uniform|geometric", str(task_dir()),
+                 "revision=REV", "tau=TAU", "exit_rule=learned|uniform|geometric", str(task_dir()),
                  "--debug", "goes to lm-eval unchanged"):
         assert text in own, text
     for option in ("--tasks", "--num_fewshot", "--limit", "--batch_size", "--output_path"):  # lm-eval's own

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from adaponder.data.reasoning import MultiHopSpec, read_token_labels, write_multihop
+from adaponder.modeling.run_settings import RunSettings
 from conftest import REPO
 
 SPEC = MultiHopSpec(symbols=24, max_hops=3, filler_symbols=5, queries=6, doc_tokens=32, train_docs=160, val_docs=12,
@@ -24,14 +25,16 @@ def corpus(tmp_path_factory):
     return folder
 
 
+TAU = RunSettings(tau=0.5)
+
+
 def _tiny_gated_model():
     from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 
     torch.manual_seed(0)
     # Gate bias 0 and τ = 0.5: about half the tokens halt after each pass, so exit passes vary.
     cfg = AdaPonderConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                          vocab_size=64, max_position_embeddings=64, mode="adaponder", passes=3, gate_init_bias=0.0,
-                          halting_threshold=0.5)
+                          vocab_size=64, max_position_embeddings=64, mode="adaponder", passes=3, gate_init_bias=0.0)
     return AdaPonderForCausalLM(cfg).eval()
 
 
@@ -44,13 +47,13 @@ def test_tables_match_a_hand_computation(corpus):
 
     model = _tiny_gated_model()
     tok = load_tokenizer(corpus / "tokenizer.json")
-    res = evaluate_difficulty(model, corpus, tok, batch_size=5)
+    res = evaluate_difficulty(model, corpus, tok, batch_size=5, settings=TAU)
     # by hand: each document once, as [EOD] + tokens; position i predicts token i
     rows = []
     for doc, lab in zip(load_documents(corpus, tok, split="val"), read_token_labels(corpus, "val")):
         ids = torch.tensor([[tok.eod_id, *doc.ids.tolist()]])
         with torch.no_grad():
-            out = model(input_ids=ids[:, :-1], use_cache=False)
+            out = model(input_ids=ids[:, :-1], use_cache=False, settings=TAU)
         nll = F.cross_entropy(out.logits[0], ids[0, 1:], reduction="none").numpy()
         hit = (out.logits[0].argmax(-1) == ids[0, 1:]).numpy()
         rows += list(zip(lab.tolist(), nll.tolist(), hit.tolist(), out.exit_pass[0].tolist()))

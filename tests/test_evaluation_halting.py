@@ -62,12 +62,13 @@ def test_tau_dial_is_monotone_in_flops():
     from conftest import tiny_config
 
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5)).eval()
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0)).eval()
+    before = model.config.to_dict()
     g = torch.Generator().manual_seed(0)
     docs = [Document(f"d{i}", torch.randint(1, 97, (120,), generator=g).numpy(), n_bytes=300) for i in range(4)]
     taus = parse_taus("0.0001,0.3,0.45,0.5,0.55,0.7,0.9999")
     rows = sweep_tau(model, docs, taus, window=64, stride=32, eod_id=0)
-    assert model.config.halting_threshold == 0.5  # restored
+    assert model.config.to_dict() == before  # each τ is an argument of the calls: the config is not touched
     assert [r["tau"] for r in rows] == sorted(taus)
     flops = [r["flops"]["total"] for r in rows]
     exits = [r["mean_exit"] for r in rows]
@@ -86,7 +87,8 @@ def test_tau_dial_is_monotone_in_flops():
 def test_share_of_positions_whose_greedy_token_the_later_passes_change():
     from adaponder.evaluation.halting import greedy_changed_share
     from adaponder.modeling import AdaPonderForCausalLM
-    from conftest import tiny_config
+    from adaponder.modeling.exit_rules import FirstPassOnly
+    from conftest import run_with, tiny_config
 
     torch.manual_seed(0)
     model = AdaPonderForCausalLM(tiny_config("adaponder", passes=3, gate_init_bias=0.0)).eval()
@@ -102,5 +104,5 @@ def test_share_of_positions_whose_greedy_token_the_later_passes_change():
             changed += int((out.logits.argmax(-1) != out.pass_logits[0].argmax(-1)).sum())
             total += out.logits.shape[1]
     assert total == 29 + 11 and share == pytest.approx(changed / total) and 0 < share < 1
-    model.config.halting_threshold = 1.0  # every token exits after pass 1: nothing can change
+    run_with(model, exit_rule=FirstPassOnly())  # every token exits after pass 1: nothing can change
     assert greedy_changed_share(model, docs, window=8, batch_size=3, eod_id=0) == 0.0

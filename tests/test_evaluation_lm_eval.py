@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from adaponder.modeling.run_settings import DEFAULT_TAU
 from conftest import REPO, SHARED_DATA
 from helpers_evaluation import subprocess_env, tiny_checkpoint
 
@@ -20,7 +21,8 @@ def test_fixture_checkpoint_round_trips(tmp_path_factory):
 
     path = tiny_checkpoint(tmp_path_factory)
     model = AdaPonderForCausalLM.from_pretrained(path)
-    assert model.config.halting_threshold == 0.5 and model.config.passes == 4 and len(model.gates) == 3
+    assert "halting_threshold" not in model.config.to_dict()  # τ is a setting of each call, not saved
+    assert model.config.passes == 4 and len(model.gates) == 3
     assert (path / "tokenizer.json").is_file()
 
 
@@ -49,7 +51,7 @@ def test_adaponder_model_reports_realised_compute(tmp_path_factory, task_manager
     assert ap["results"][TASK]["sample_len"] == 10
     # the adaponder model reports what it spent: one scored position per LAMBADA target token
     info = ap["config"]["adaponder"]
-    assert info["settings"]["halting_threshold"] == 0.5 and info["settings"]["passes"] == 4
+    assert info["settings"]["tau"] == DEFAULT_TAU and info["settings"]["passes"] == 4
     scored = info["scored"]
     assert scored["tokens"] >= 10 and sum(scored["exit_histogram"]) == scored["tokens"]
     assert 1.0 <= scored["mean_exit_pass"] <= 4.0
@@ -63,7 +65,7 @@ def test_adaponder_model_pins_settings_and_fixed_pruning(tmp_path_factory, task_
     ckpt = tiny_checkpoint(tmp_path_factory)
     lm = AdaPonderLM(checkpoint=str(ckpt), passes="3", tau="0.01", exit_rule="geometric", target_mean_exit="2.0",
                      batch_size=4, device="cpu")
-    assert lm.model.config.passes == 3 and lm.model.config.halting_threshold == 0.01
+    assert lm.model.config.passes == 3 and lm.settings.tau == 0.01 and lm.run_settings.tau == 0.01
     assert lm.settings.exit_rule == "geometric" and lm.settings.target_mean_exit == 2.0
     res = _run(lm, None, task_manager, limit=20)
     inputs = res["config"]["adaponder"]["input"]
@@ -90,7 +92,7 @@ def test_lm_eval_hf_cli_and_adaponder_eval_cli_agree(tmp_path_factory, tmp_path,
     stdout, ap = _cli(["adaponder.cli.lm_eval", str(ckpt)], tmp_path, "ap")
     for key in ("acc,none", "perplexity,none"):
         assert hf["results"][TASK][key] == ap["results"][TASK][key], key
-    assert "halting threshold τ: 0.5" in stdout and "mean exit pass" in stdout and "x one pass" in stdout
+    assert f"halting threshold τ: {DEFAULT_TAU:g}" in stdout and "mean exit pass" in stdout and "x one pass" in stdout
     assert ap["config"]["model"] == "adaponder" and ap["config"]["adaponder"]["scored"]["tokens"] >= 10
 
 

@@ -50,7 +50,11 @@ def test_means_outside_one_to_k_are_rejected():
 
 
 def _simulate(policy, K, n_tokens, batch=(8, 64), pad_fraction=0.1, seed=1):
-    """Exit passes of ``n_tokens`` non-padding tokens run through ``policy`` batch by batch (as the model does)."""
+    """Exit passes of ``n_tokens`` non-padding tokens run through ``policy`` batch by batch (as the model does, by
+    the pass driver's exit step)."""
+    from adaponder.modeling.exit_rules import PassView
+    from adaponder.modeling.pass_driver import exit_step
+
     g = torch.Generator().manual_seed(seed)
     exits = []
     while sum(e.numel() for e in exits) < n_tokens:
@@ -58,7 +62,8 @@ def _simulate(policy, K, n_tokens, batch=(8, 64), pad_fraction=0.1, seed=1):
         active = torch.ones(batch, dtype=torch.bool)
         exit_pass = torch.ones(batch, dtype=torch.long)
         for i in range(1, K):
-            nxt = policy(i, active, torch.rand(batch, generator=g), valid)
+            view = PassView(pass_idx=i, num_passes=K, active=active, gate=torch.rand(batch, generator=g), valid=valid)
+            nxt = exit_step(policy, view)
             assert not bool((nxt & ~active).any()), "a halted token came back"
             exit_pass += nxt.long()
             active = nxt
@@ -88,14 +93,15 @@ def test_policy_is_reproducible_with_its_seed():
 
 def test_fixed_pruning_through_the_model_hits_the_target():
     from adaponder.modeling import AdaPonderForCausalLM
+    from adaponder.modeling.run_settings import RunSettings
     from conftest import tiny_config
 
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5)).eval()
+    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0)).eval()
     ids = torch.randint(0, 97, (16, 128))
     with torch.no_grad():
         for rule in ("uniform", "geometric"):
             policy = FixedPruningPolicy.from_rule(rule, 4, 2.7, seed=0)
-            exits = torch.cat([model(input_ids=ids[i:i + 4], halting_policy=policy).exit_pass.reshape(-1)
+            exits = torch.cat([model(input_ids=ids[i:i + 4], settings=RunSettings(exit_rule=policy)).exit_pass.reshape(-1)
                                for i in range(0, 16, 4)]).float()
             assert abs(float(exits.mean()) - 2.7) / 2.7 < 0.02, rule

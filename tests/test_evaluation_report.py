@@ -5,6 +5,7 @@ import json
 import matplotlib.image as mpimg
 import pytest
 
+from adaponder.modeling.run_settings import DEFAULT_TAU
 from conftest import SHARED_DATA
 from helpers_evaluation import tiny_checkpoint
 
@@ -32,7 +33,7 @@ def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
                     "## Halting: where the gates spend compute", "## Iso-FLOPs control",
                     "## Compute dial (τ sweep)", "## lm-eval"):
         assert heading in md, heading
-    assert "halting threshold τ: 0.5" in md and "passes K: 4" in md
+    assert f"halting threshold τ: {DEFAULT_TAU:g}" in md and "passes K: 4" in md
     assert "| uniform fixed pruning |" in md and "| geometric fixed pruning |" in md
     assert "| adaponder_piqa | acc |" in md and "| adaponder_lambada_openai | perplexity |" in md
     assert "0-shot | 5-shot" in md and "mean exit pass (scored tokens)" in md
@@ -43,7 +44,7 @@ def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
         assert img.shape[0] > 100 and img.shape[1] > 100
 
     results = json.loads((out / "results.json").read_text())
-    assert results["settings"]["halting_threshold"] == 0.5
+    assert results["settings"]["tau"] == DEFAULT_TAU
     rows = (out / "tokens.tsv").read_text(encoding="utf-8").splitlines()
     assert rows[0].split("\t") == ["doc", "position", "token_id", "token", "exit_pass", "nll"]
     exits = [int(r.split("\t")[4]) for r in rows[1:]]
@@ -103,7 +104,7 @@ def test_lm_eval_missing_data_is_a_row_and_a_bug_propagates(monkeypatch):
     monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
     monkeypatch.setattr(lm_eval_model, "AdaPonderLM", _FakeLM)
     settings = RecurrenceSettings(checkpoint="ckpt", mode="adaponder", passes=4, trained_passes=4,
-                                  halting_threshold=0.5)
+                                  tau=0.5)
     kw = dict(shots=[0], limit=3, batch_size=1, include_path=None, seed=0, bootstrap_iters=0, tm=_FakeTasks())
     rows = run_lm_eval("ckpt", settings, ["ok_task", "missing_data"], **kw)
     assert rows[0]["metrics"] == {"acc": (0.5, 0.1)} and "error" not in rows[0]

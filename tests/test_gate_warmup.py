@@ -11,8 +11,9 @@ import torch
 
 from adaponder.data.reasoning import MultiHopSpec, write_multihop
 from adaponder.modeling import AdaPonderForCausalLM, GateWarmup
+from adaponder.modeling.run_settings import RunSettings
 from adaponder.train.schedule import gate_warmup
-from conftest import tiny_config
+from conftest import run_with, tiny_config
 from helpers_train import read_metrics, write_config
 
 K = 3
@@ -39,12 +40,12 @@ def test_the_forward_each_warmup_asks_for():
     ids = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
         live = model(ids, use_cache=False)  # τ = 1e-4: nothing halts, every update scaled by s ≈ 0.05
-        model.config.halting_threshold = 0.1  # most tokens would halt after pass 1
-        halting = model(ids, use_cache=False)
+        tau = RunSettings(tau=0.1)  # most tokens would halt after pass 1
+        halting = model(ids, use_cache=False, settings=tau)
         assert (halting.exit_pass < K).any()
-        bypass = model(ids, use_cache=False, gate_warmup=GateWarmup(bypass=True, halting=False))
-        no_halt = model(ids, use_cache=False, gate_warmup=GateWarmup(halting=False))
-        floored = model(ids, use_cache=False, gate_warmup=GateWarmup(halting=False, logit_floor=0.0))
+        bypass = model(ids, use_cache=False, settings=tau, gate_warmup=GateWarmup(bypass=True, halting=False))
+        no_halt = model(ids, use_cache=False, settings=tau, gate_warmup=GateWarmup(halting=False))
+        floored = model(ids, use_cache=False, settings=tau, gate_warmup=GateWarmup(halting=False, logit_floor=0.0))
     assert bypass.gate_values is None and (bypass.exit_pass == K).all()
     assert (no_halt.exit_pass == K).all() and no_halt.gate_values.max() < 0.2
     assert floored.gate_values.min() >= 0.5 and (floored.exit_pass == K).all()
@@ -118,7 +119,7 @@ def test_resume_equals_continue_across_s0(runs, regime):
 @pytest.mark.parametrize("regime", ["bypassed", "floored"])
 def test_cached_decoding_equals_the_training_forward(runs, regime):
     model = AdaPonderForCausalLM.from_pretrained(runs[regime][0] / "hf").eval()
-    model.config.halting_threshold = 0.3  # so that tokens halt at several passes
+    run_with(model, tau=0.3)  # so that tokens halt at several passes
     ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(ids, use_cache=False)

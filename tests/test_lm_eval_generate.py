@@ -36,13 +36,14 @@ def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
     from transformers import PreTrainedTokenizerFast
 
     from adaponder.modeling import AdaPonderForCausalLM
-    from conftest import tiny_config
+    from conftest import run_with, tiny_config
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(shared_data / "tokenizers/gpt-neox-20b/tokenizer.json"),
                                   eos_token="<|endoftext|>", pad_token="<|padding|>")
     torch.manual_seed(0)
     model = AdaPonderForCausalLM(tiny_config("adaponder", vocab_size=50304, gate_init_bias=0.0,
-                                             halting_threshold=0.5, eos_token_id=0, pad_token_id=1)).eval()
+                                             eos_token_id=0, pad_token_id=1)).eval()
+    run_with(model, tau=0.5)  # every call HFLM and the check below make runs at τ = 0.5
     _arithmetic_task(tmp_path, "tiny_generate", [(1, 2), (3, 4), (10, 5)], until="\n", max_gen_toks=6)
 
     hflm = HFLM(pretrained=model, tokenizer=tok, batch_size=2, max_length=64)

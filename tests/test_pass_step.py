@@ -1,6 +1,6 @@
-"""The pass step has one definition (``adaponder.modeling.pass_step``: first input A1, halting rule A6, the gate's
-weight on the feedback A7): the model's forward, the depth-batched decoder and the PALBERT classifier agree with a
-reference loop written only from it."""
+"""The pass step has one definition (first input A1 in ``adaponder.modeling.pass_step``; the exit step A6 and the
+feedback A4/A7 in ``adaponder.modeling.pass_driver``): the model's forward, the depth-batched decoder and the PALBERT
+classifier agree with a reference loop written only from them."""
 
 from __future__ import annotations
 
@@ -9,13 +9,27 @@ import torch
 
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config
 from adaponder.modeling.depth_batching import DepthBatchedDecoder
-from adaponder.modeling.pass_step import first_input, gate_weighted, goes_on
+from adaponder.modeling.exit_rules import PassView, ThresholdExit
+from adaponder.modeling.pass_driver import exit_step, feed_back
+from adaponder.modeling.pass_step import first_input
 from adaponder.modeling.pondering import pondering_from_logits
+from adaponder.modeling.run_settings import RunSettings
 from adaponder.palbert.classifier import AdaPonderForSequenceClassification, PalbertConfig
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=64)
 TAU = 0.5
+
+
+def goes_on(s, tau, active=None):
+    """A6 through the exit step: the elements whose gate lets them go on to the next pass."""
+    active = torch.ones_like(s, dtype=torch.bool) if active is None else active
+    return exit_step(ThresholdExit(tau), PassView(pass_idx=1, num_passes=3, active=active, gate=s))
+
+
+def gate_weighted(e, s):
+    """A7: the feedback ``s·e`` (``e`` itself where no gate weighs it)."""
+    return e if s is None else e * s[..., None]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +63,7 @@ def reference_forward(model, ids, tau):
         if i == cfg.num_passes:
             break
         s = model.gates[i - 1](h_flat).reshape(ids.shape)  # A5
-        nxt = active & goes_on(s, tau)  # A6
+        nxt = goes_on(s, tau, active)  # A6
         e = model.ponder_from_hidden(h_flat).reshape(*ids.shape, -1)  # A4
         E = E + gate_weighted(e, nxt.to(s.dtype) * s)  # A7
         exit_pass = exit_pass + nxt.long()
@@ -61,7 +75,7 @@ def reference_forward(model, ids, tau):
 def test_the_forward_agrees_with_the_pass_step(model, compact):
     ids = torch.randint(0, 97, (3, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        out = model(ids, use_cache=False, halting_threshold=TAU, compact=compact)
+        out = model(ids, use_cache=False, settings=RunSettings(tau=TAU, compact=compact))
         logits, exit_pass = reference_forward(model, ids, TAU)
     assert 1 < exit_pass.float().mean() < model.config.num_passes  # some tokens halt, some go on
     assert torch.equal(out.exit_pass, exit_pass)
@@ -69,7 +83,7 @@ def test_the_forward_agrees_with_the_pass_step(model, compact):
 
 
 def test_the_depth_batched_decoder_feeds_back_and_halts_by_the_pass_step(model):
-    decoder = DepthBatchedDecoder(model, halting_threshold=TAU)
+    decoder = DepthBatchedDecoder(model, settings=RunSettings(tau=TAU))
     g = torch.Generator().manual_seed(4)
     E = torch.randn(5, 32, generator=g)
     z = torch.randn(5, 97, generator=g)
@@ -79,12 +93,14 @@ def test_the_depth_batched_decoder_feeds_back_and_halts_by_the_pass_step(model):
     e = pondering_from_logits(z[idx].clone(), model.gpt_neox.embed_in.weight, model.config.embedding_scale)
     expected[idx] += gate_weighted(e, s[idx])
     with torch.no_grad():
-        torch.testing.assert_close(decoder._feed_back(E, z.clone(), s, idx), expected)
+        # the decoder's feedback: the rows that go on, from their logits (softmax in place)
+        torch.testing.assert_close(feed_back(model, E, dest=idx, logits=z[idx].clone(), in_place=True,
+                                             weight=s[idx]), expected)
     ids = torch.randint(0, 97, (2, 4), generator=g)
     with torch.no_grad():
         out = decoder.generate(ids, max_new_tokens=5)
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
-                             halting_threshold=TAU)
+                             settings=RunSettings(tau=TAU))
     assert torch.equal(out.sequences, ref)
     # A NaN gate halts in both (the decoder used to test s < τ, which a NaN fails, while the model tests s ≥ τ)
     assert not goes_on(torch.tensor([float("nan")]), TAU).item()

@@ -55,7 +55,7 @@ def test_chunked_pondering_keeps_no_vocab_sized_tensor():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         pondering_from_hidden(h, w_out, w_emb, alpha=1.0, chunk=16).sum().backward()
     assert max(saved) <= v * d < n * v
-    saved.clear()  # ponder_recompute=False: the probabilities are what is kept, n·v in all
+    saved.clear()  # recompute=False: the probabilities are what is kept, n·v in all
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         pondering_from_hidden(h, w_out, w_emb, alpha=1.0, chunk=16, recompute=False).sum().backward()
     assert sum(s for s in saved if s == 16 * v) == n * v
@@ -63,11 +63,11 @@ def test_chunked_pondering_keeps_no_vocab_sized_tensor():
 
 def test_chunked_cross_entropy_matches_full_logits():
     from adaponder.modeling import AdaPonderForCausalLM
-    from conftest import tiny_config
+    from conftest import run_with, tiny_config
 
     torch.manual_seed(0)
-    model = AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0, halting_threshold=0.5,
-                                             ponder_chunk_size=7)).train()
+    model = run_with(AdaPonderForCausalLM(tiny_config("adaponder", gate_init_bias=0.0)).train(), tau=0.5,
+                     chunk_size=7)
     ids = torch.randint(0, 97, (3, 11))
     labels = ids.clone()
     labels[1, :4] = -100

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from adaponder.modeling.run_settings import RunSettings
+
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig, warp
 
@@ -42,9 +44,9 @@ def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens
     model = make(mode)
     ids, mask = prompts()
     with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, halting_threshold=TAU,
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, settings=RunSettings(tau=TAU),
                              pad_token_id=0)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=14, halting_threshold=TAU, pad_token_id=0,
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=14, settings=RunSettings(tau=TAU), pad_token_id=0,
                              speculative=SpeculativeConfig(draft_passes, draft_tokens, adaptive, 6))
     assert torch.equal(out, ref)
     stats = model.speculative_stats
@@ -61,10 +63,10 @@ def ordinary_cache(model, ids, mask, new_tokens):
     full = torch.cat([mask, torch.ones_like(new_tokens)], dim=1)
     pos = (full.cumsum(-1) - 1).masked_fill(full == 0, 1)
     T = ids.shape[1]
-    model(ids, attention_mask=mask, position_ids=pos[:, :T], cache=cache, use_cache=True, halting_threshold=TAU)
+    model(ids, attention_mask=mask, position_ids=pos[:, :T], cache=cache, use_cache=True, settings=RunSettings(tau=TAU))
     for j in range(new_tokens.shape[1] - 1):
         model(new_tokens[:, j:j + 1], attention_mask=full[:, :T + j + 1], position_ids=pos[:, T + j:T + j + 1],
-              cache=cache, use_cache=True, halting_threshold=TAU)
+              cache=cache, use_cache=True, settings=RunSettings(tau=TAU))
     return cache
 
 
@@ -73,7 +75,7 @@ def test_the_cache_after_a_speculative_run_equals_ordinary_decodings():
     ids, mask = prompts()
     cache = PonderCache(model.config.num_passes, model.config.num_hidden_layers)
     with torch.no_grad():
-        out = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 3), halting_threshold=TAU).generate(
+        out = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 3), settings=RunSettings(tau=TAU)).generate(
             ids, attention_mask=mask, max_new_tokens=10, cache=cache)
         ref = ordinary_cache(model, ids, mask, out[:, ids.shape[1]:])
     assert cache.get_seq_length() == ref.get_seq_length() == ids.shape[1] + 9
@@ -109,11 +111,11 @@ def test_sampling_keeps_the_models_distribution(mode):
         # exact p(y1) p(y2 | y1) p(y3 | y1, y2) over all 512 continuations, marginalised over y1
         grid = torch.cartesian_prod(*[torch.arange(vocab)] * 3)  # [512, 3]
         seqs = torch.cat([prompt.expand(len(grid), -1), grid[:, :2]], dim=1)
-        logp = warp(model(seqs, use_cache=False, halting_threshold=TAU).logits[:, -3:], **kw)
+        logp = warp(model(seqs, use_cache=False, settings=RunSettings(tau=TAU)).logits[:, -3:], **kw)
         joint = (logp[:, 0].gather(1, grid[:, :1]) + logp[:, 1].gather(1, grid[:, 1:2])
                  + logp[:, 2].gather(1, grid[:, 2:3])).exp().squeeze(1)
         exact = joint.reshape(vocab, vocab * vocab).sum(0)  # over y1: p(y2, y3)
-        decoder = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 2), halting_threshold=TAU)
+        decoder = SelfSpeculativeDecoder(model, SpeculativeConfig(1, 2), settings=RunSettings(tau=TAU))
         g = torch.Generator().manual_seed(0)
         out = decoder.generate(prompt.expand(n, -1), max_new_tokens=3, do_sample=True, generator=g, **kw)
     assert 0.05 < decoder.stats.acceptance_rate < 0.99  # both the accept and the reject branch ran

@@ -17,6 +17,7 @@ from adaponder.cli.errors import cli_main
 from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
 from adaponder.evaluation import difficulty
 from adaponder.evaluation.difficulty import evaluate_difficulty, format_tables
+from adaponder.modeling.run_settings import RunSettings
 
 
 @cli_main
@@ -29,12 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data", required=True, help="a labelled corpus folder (adaponder-reasoning-data)")
     p.add_argument("--split", default="val")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--halting-threshold", type=float, default=None, help="τ of A6 (default: the checkpoint's)")
+    p.add_argument("--tau", "--halting-threshold", dest="tau", type=float, default=None,
+                   help="τ of A6 (default: 1e-4)")
     p.add_argument("--json", default=None, help="also write the result as JSON here")
     args = p.parse_args(argv)
     args.checkpoint = checkpoint_folder(args)
-    model, tok = load_for_eval(args.checkpoint, halting_threshold=args.halting_threshold)
-    res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size)
+    model, tok = load_for_eval(args.checkpoint)
+    res = evaluate_difficulty(model, args.data, tok, split=args.split, batch_size=args.batch_size,
+                              settings=RunSettings() if args.tau is None else RunSettings(tau=args.tau))
     print(format_tables(res))
     if args.json:
         from adaponder.jsonio import json_safe, write_json_atomic

@@ -42,8 +42,8 @@ def checkpoint_folder(args: argparse.Namespace) -> str:
 def add_recurrence_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("recurrence settings (pinned and printed)")
     g.add_argument("--passes", type=int, default=None, help="K, the passes to run (default: the checkpoint's)")
-    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
-                   help="τ of A6 (default: the checkpoint's)")
+    g.add_argument("--tau", "--halting-threshold", dest="tau", type=float, default=None,
+                   help="τ of A6 (default: 1e-4)")
     g.add_argument("--exit-rule", choices=EXIT_RULES, default="learned",
                    help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
     g.add_argument("--target-mean-exit", type=float, default=None,

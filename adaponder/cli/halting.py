@@ -34,12 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exit_rule != "learned":
         p.error("the halting analysis describes the learned policy; use --exit-rule learned")
     args.checkpoint = checkpoint_folder(args)
-    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    print(settings_of(model, args.checkpoint).banner())
+    model, tok = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
+    settings = settings_of(model, args.checkpoint, tau=args.tau)
+    print(settings.banner())
     codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
     scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
-                             pad_id=codec.pad_id, progress=True)
+                             pad_id=codec.pad_id, progress=True, settings=settings.run_settings())
     write_token_dump(scores, tok, args.dump, docs)
     print(f"per-token dump: {args.dump} ({len(scores)} tokens)")
     print("| exit pass | tokens | fraction | mean NLL | perplexity |\n|---:|---:|---:|---:|---:|")

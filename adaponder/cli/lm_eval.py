@@ -15,7 +15,7 @@ Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
 Examples::
 
     adaponder-eval runs/demo/hf --tasks adaponder_lambada_openai --limit 100 --batch_size 8
-    adaponder-eval --model_args checkpoint=CKPT,halting_threshold=0.1,exit_rule=uniform \\
+    adaponder-eval --model_args checkpoint=CKPT,tau=0.1,exit_rule=uniform \\
         --tasks adaponder_suite --num_fewshot 5 --output_path out/
     python -m adaponder.cli.lm_eval ...      # the same without the console script
 """

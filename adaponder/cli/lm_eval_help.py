@@ -19,7 +19,7 @@ EPILOG = """\
 examples:
   adaponder-eval runs/demo/hf --tasks adaponder_lambada_openai --limit 100 --batch_size 8
   adaponder-eval your-org/adaponder-410m --model_args revision=v1 --tasks adaponder_piqa   # a hub id
-  adaponder-eval --model_args checkpoint=CKPT,halting_threshold=0.1,exit_rule=uniform \\
+  adaponder-eval --model_args checkpoint=CKPT,tau=0.1,exit_rule=uniform \\
       --tasks adaponder_suite --num_fewshot 5 --output_path out/
   adaponder-eval ls tasks                 # lm-eval's subcommands work too (ls, validate)
 
@@ -27,8 +27,8 @@ Every argument not listed above goes to lm-eval unchanged; its options follow.""
 
 MODEL_ARGS_HELP = (
     "the adaponder model's arguments, k=v,...: checkpoint=PATH_OR_HUB_ID (or pretrained=; the positional CHECKPOINT "
-    "fills it in), revision=REV (of a hub id), passes=K, halting_threshold=TAU (alias tau; default: the "
-    "checkpoint's), exit_rule=learned|uniform|geometric, target_mean_exit, pruning_seed, calibration_data, "
+    "fills it in), revision=REV (of a hub id), passes=K, tau=TAU (τ of A6, a setting of each call; default "
+    "1e-4), exit_rule=learned|uniform|geometric, target_mean_exit, pruning_seed, calibration_data, "
     "calibration_tokens, speculative_draft_tokens, speculative_draft_passes, dtype (default auto: the "
     "checkpoint's), device (default cuda if available, else cpu), batch_size, and any other HFLM argument")
 

@@ -3,7 +3,7 @@
 Command line::
 
     adaponder-perplexity CKPT --data /path/to/wikitext-2/wiki.test.tokens \\
-        --window 512 --stride 256 --max-tokens 50000 [--halting-threshold 1e-4] [--dump tokens.tsv]
+        --window 512 --stride 256 --max-tokens 50000 [--tau 1e-4] [--dump tokens.tsv]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from adaponder.evaluation.perplexity import (TABLE_HEADER, check_vocab, format_r
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.evaluation.pruning import make_policy
     from adaponder.evaluation.settings import load_for_eval, load_tokenizer_for, settings_of
     from adaponder.evaluation.token_dump import write_token_dump
     from adaponder.modeling import AdaPonderConfig
@@ -50,18 +49,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs = documents_from_args(args, tok)
     check_vocab(docs, config.vocab_size)
 
-    model, _ = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
+    model, _ = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
     codec = as_tokenizer(tok)
     kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
               pad_id=codec.pad_id, progress=True)
+    learned = settings_of(model, args.checkpoint, tau=args.tau)
     target = args.target_mean_exit
     if args.exit_rule != "learned" and target is None:
-        target = float(score_documents(model, docs, **kw).exit_pass.mean())
+        target = float(score_documents(model, docs, settings=learned.run_settings(), **kw).exit_pass.mean())
         print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
-    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed)
+    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed, tau=args.tau)
     print(settings.banner())
-    policy = make_policy(args.exit_rule, model.config.num_passes, target, args.seed)
-    scores = score_documents(model, docs, halting_policy=policy, **kw)
+    scores = score_documents(model, docs, settings=settings.run_settings(), **kw)
     if scores.meta["packing"] == "stream":
         print(f"  packed stream (training validation's windows): window {docs[0].packed_window}, no overlap")
     else:

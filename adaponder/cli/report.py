@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                   default_max_tokens=DEFAULT_MAX_TOKENS)
     g = p.add_argument_group("recurrence settings (pinned and printed)")
     g.add_argument("--passes", type=int, default=None, help="K (default: the checkpoint's)")
-    g.add_argument("--halting-threshold", "--tau", dest="halting_threshold", type=float, default=None,
-                   help="τ (default: the checkpoint's)")
+    g.add_argument("--tau", "--halting-threshold", dest="tau", type=float, default=None,
+                   help="τ (default: 1e-4)")
     g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning and lm-eval")
     g.add_argument("--dtype", default="float32")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -104,7 +104,7 @@ def _halting_controls(args, model, docs, score_kw: dict, ctx: dict, out: Path) -
                              title="Exit-pass histogram" + (" at equal mean exit pass" if len(hists) > 1 else ""))
     files.append("exit_histogram.png")
     if gated and not args.no_dial:
-        taus = parse_taus(args.taus) if args.taus else sorted(set(DEFAULT_TAUS) | {settings.halting_threshold})
+        taus = parse_taus(args.taus) if args.taus else sorted(set(DEFAULT_TAUS) | {settings.tau})
         print(f"[adaponder-report] τ dial over {len(taus)} values", flush=True)
         ctx["dial"] = sweep_tau(model, docs, taus, **score_kw)
         plots.ppl_vs_flops_png(ctx["dial"], out / "ppl_vs_flops.png", points=points)
@@ -133,8 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks, tm = _checked_tasks(args)
 
     args.checkpoint = checkpoint_folder(args)
-    model, tok = load_for_eval(args.checkpoint, args.passes, args.halting_threshold, args.dtype, args.device)
-    settings = settings_of(model, args.checkpoint)
+    model, tok = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
+    settings = settings_of(model, args.checkpoint, tau=args.tau)
     print(settings.banner(), flush=True)
     (out / "settings.json").write_text(json.dumps(settings.as_dict(), indent=2))
     K = model.config.num_passes
@@ -145,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs = load_all(data, tok, args.max_tokens, args.max_tokens_per_doc, args.split, args.packing, args.window)
     score_kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
                     pad_id=codec.pad_id)
+
     print(f"[adaponder-report] scoring {sum(len(d) for d in docs)} tokens in {len(docs)} documents", flush=True)
-    scores = score_documents(model, docs, **score_kw)
+    scores = score_documents(model, docs, settings=settings.run_settings(), **score_kw)
     window, stride = scores.meta["window"], scores.meta["stride"]
     by_source = summarize_by_source(scores, docs, model)
     learned = summarize(scores, docs, model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from adaponder.modeling.configuration_adaponder import halting_threshold_problem
+from adaponder.modeling.run_settings import RunSettings
 
 from .perplexity import Document, score_documents, summarize
 from .tables import markdown_table
@@ -38,7 +39,7 @@ def sweep_tau(model, docs: Sequence[Document], taus: Sequence[float], **score_kw
     """One row per τ (ascending): ``tau``, ``ppl``, ``bpb``, ``nll``, ``mean_exit``, ``exit_histogram``,
     ``flops`` (see :func:`~adaponder.evaluation.accounting.flops_summary`). Each τ is an argument of the scoring
     calls; the model's config is not touched."""
-    return [{"tau": float(tau), **summarize(score_documents(model, docs, halting_threshold=tau, **score_kw), docs,
+    return [{"tau": float(tau), **summarize(score_documents(model, docs, settings=RunSettings(tau=tau), **score_kw), docs,
                                             model)}
             for tau in sorted(taus)]
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from adaponder.modeling.run_settings import RunSettings
+
 from .perplexity import TokenScores
 
 #: Class codes of the non-answer labels (see :mod:`adaponder.data.reasoning`); answers are labelled H >= 1.
@@ -142,8 +144,7 @@ def token_context(scores: TokenScores, docs: Sequence[Sequence[int]], task: Mapp
 
 
 def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "val", batch_size: int = 32,
-                        pruning_seeds: Sequence[int] = (0,), halting_policy: Callable | None = None,
-                        halting_threshold: float | None = None) -> dict[str, Any]:
+                        pruning_seeds: Sequence[int] = (0,), settings: RunSettings | None = None) -> dict[str, Any]:
     """Score ``split`` of a labelled corpus with ``model`` and return :func:`by_difficulty`'s tables, plus
     ``fixed_pruning`` (rule → per-seed tables at the learned mean exit pass) for gated models."""
     from adaponder.data.fingerprint import check_labelled_corpus
@@ -159,15 +160,16 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
     meta = read_meta(data_dir)
     window = max(len(d) for d in docs)  # one window per document: every token sees its whole document
     kw = dict(window=window, stride=window, batch_size=batch_size, eod_id=int(meta["eod_id"]))
-    scores = score_documents(model, docs, halting_policy=halting_policy, halting_threshold=halting_threshold, **kw)
+    settings = settings or RunSettings()
+    scores = score_documents(model, docs, settings=settings, **kw)
     lab = token_labels(scores, labels)
     prev, kinds = token_context(scores, docs, meta.get("task"))
     out = by_difficulty(scores, lab, symbols=prev, kinds=kinds, model=model)
     K = int(model.config.num_passes)
-    if model.config.gated and halting_policy is None and pruning_seeds and 1.0 < out["mean_exit"] < K:
+    if model.config.gated and settings.exit_rule is None and pruning_seeds and 1.0 < out["mean_exit"] < K:
         out["fixed_pruning"] = {
-            rule: [by_difficulty(score_documents(model, docs, halting_policy=make_policy(rule, K, out["mean_exit"],
-                                                                                         seed=s), **kw), lab,
+            rule: [by_difficulty(score_documents(model, docs, settings=settings.replace(
+                exit_rule=make_policy(rule, K, out["mean_exit"], seed=s)), **kw), lab,
                                  symbols=prev, model=model)
                    for s in pruning_seeds]
             for rule in FIXED_RULES}
@@ -179,7 +181,7 @@ def difficulty_by_tau(model, data_dir: str | Path, tokenizer, taus: Sequence[flo
     """:func:`evaluate_difficulty` at each halting threshold τ (ascending; no pruning controls): what raising τ
     costs each difficulty level. Each τ is an argument of the scoring calls; the model's config is not touched."""
     return [{"tau": float(tau), **evaluate_difficulty(model, data_dir, tokenizer, split, batch_size, pruning_seeds=(),
-                                                      halting_threshold=tau)}
+                                                      settings=RunSettings(tau=tau))}
             for tau in sorted(taus)]
 
 

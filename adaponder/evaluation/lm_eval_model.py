@@ -8,7 +8,7 @@ with this module imported first), or in Python::
     import adaponder.evaluation.lm_eval_model  # registers "adaponder"
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-    res = simple_evaluate(model="adaponder", model_args="checkpoint=CKPT,halting_threshold=1e-4",
+    res = simple_evaluate(model="adaponder", model_args="checkpoint=CKPT,tau=1e-4",
                           tasks=["adaponder_lambada_openai"], task_manager=TaskManager(include_path="eval/tasks"))
     res["config"]["adaponder"]  # settings, mean exit pass, exit histogram, FLOPs per token
 
@@ -17,10 +17,12 @@ Model arguments (``--model_args k=v,...``):
 * ``checkpoint`` (or ``pretrained``): a saved AdaPonder checkpoint folder, or a hub id ``org/name`` with
   ``revision`` (branch, tag or commit) resolved through the Hugging Face cache as ``init.backbone`` is.
 * ``passes``: K to run (default: the checkpoint's; at most the trained K for gated models).
-* ``halting_threshold`` (alias ``tau``): τ of A6 (default: the checkpoint's).
+* ``tau``: τ of A6 (default: 1e-4).
 * ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (docs/method.md (a),
   baselines) with mean exit pass ``target_mean_exit``; without it, the learned policy's mean exit pass on
   ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus) is used and printed.
+  In Python, any :class:`~adaponder.modeling.exit_rules.ExitRule` object.
+  Every forward of the model (scoring and generation) runs with these settings (``RunSettings``).
 * ``pruning_seed``: seed of the fixed-pruning draws.
 * ``speculative_draft_tokens`` γ (default: off) and ``speculative_draft_passes`` P (default 1): generation tasks
   decode self-speculatively (:mod:`adaponder.modeling.speculative`; the same greedy output). The halting summary
@@ -51,7 +53,10 @@ from adaponder.modeling.exits import exit_counts
 from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
-from .pruning import make_policy
+from adaponder.modeling.exit_rules import ExitRule
+from adaponder.modeling.run_settings import RunSettings
+from adaponder.modeling.speculative import SpeculativeConfig
+
 from .settings import (check_exit_rule, recurrence_overrides, require_finite_weights, require_readable_weights,
                        settings_of)
 
@@ -90,8 +95,8 @@ class AdaPonderLM(HFLM):
     #: every instance created in this process (``adaponder-eval`` prints their summaries at the end)
     instances: list["AdaPonderLM"] = []
 
-    def __init__(self, checkpoint: str | None = None, pretrained=None, passes=None, halting_threshold=None,
-                 tau=None, exit_rule: str = "learned", target_mean_exit=None, pruning_seed=0,
+    def __init__(self, checkpoint: str | None = None, pretrained=None, passes=None, tau=None,
+                 exit_rule: str | ExitRule = "learned", target_mean_exit=None, pruning_seed=0,
                  calibration_data: str | None = None, calibration_tokens=4096, batch_size=1, dtype="auto",
                  device: str | None = None, speculative_draft_tokens=None, speculative_draft_passes=1, **kwargs):
         ckpt = checkpoint if checkpoint is not None else pretrained
@@ -100,8 +105,6 @@ class AdaPonderLM(HFLM):
         if isinstance(ckpt, (str, os.PathLike)):  # a hub id (+ revision) is read from its cached snapshot folder
             ckpt = checkpoint_source(ckpt, kwargs.pop("revision", None))
             require_readable_weights(ckpt)
-        if tau is not None and halting_threshold is not None and float(tau) != float(halting_threshold):
-            raise ValueError("give either halting_threshold or tau, not both")
         check_exit_rule(exit_rule)
         # whole numbers, checked before the model loads (lm-eval hands model_args over as strings)
         draft_tokens = _as_int(speculative_draft_tokens, "speculative_draft_tokens")
@@ -110,12 +113,11 @@ class AdaPonderLM(HFLM):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         kwargs.setdefault("backend", "causal")  # the config's model_type is not in HF's causal-LM mapping
-        if isinstance(ckpt, (str, os.PathLike)):  # K and τ are built in (HFLM hands these on to from_pretrained)
-            kwargs.update(recurrence_overrides(ckpt, passes, _as_float(halting_threshold if tau is None
-                                                                                 else tau)))
-        elif passes is not None or halting_threshold is not None or tau is not None:
-            raise ValueError("passes and halting_threshold apply to a checkpoint path; build a model instance "
-                             "with them instead (AdaPonderForCausalLM.from_pretrained(path, passes=…))")
+        if isinstance(ckpt, (str, os.PathLike)):  # K is built in (HFLM hands it on to from_pretrained)
+            kwargs.update(recurrence_overrides(ckpt, passes))
+        elif passes is not None:
+            raise ValueError("passes applies to a checkpoint path; build a model instance with it instead "
+                             "(AdaPonderForCausalLM.from_pretrained(path, passes=…))")
         super().__init__(pretrained=ckpt, batch_size=batch_size, dtype=dtype, device=device, **kwargs)
         self.checkpoint = str(ckpt) if isinstance(ckpt, (str, os.PathLike)) else type(ckpt).__name__
         model = self._model
@@ -124,12 +126,19 @@ class AdaPonderLM(HFLM):
         self.nonfinite_scores = 0  # rows whose scored logits held NaN/inf (adaponder-eval then fails)
         self.exit_rule = exit_rule
         self.pruning_seed = int(pruning_seed)
+        tau = _as_float(tau, "tau")
         target = _as_float(target_mean_exit)
-        if exit_rule != "learned" and target is None:
-            target = self._calibrate(calibration_data, int(calibration_tokens))
+        if isinstance(exit_rule, ExitRule):  # a rule object from Python: applied as it is
+            self.settings = settings_of(model, self.checkpoint, "learned", None, self.pruning_seed, tau=tau)
+            self.settings.exit_rule = repr(exit_rule)
+            self.run_settings = RunSettings(tau=self.settings.tau, exit_rule=exit_rule)
+        else:
+            if exit_rule != "learned" and target is None:
+                self.run_settings = RunSettings() if tau is None else RunSettings(tau=tau)
+                target = self._calibrate(calibration_data, int(calibration_tokens))
+            self.settings = settings_of(model, self.checkpoint, exit_rule, target, self.pruning_seed, tau=tau)
+            self.run_settings = self.settings.run_settings()
         self.target_mean_exit = target
-        self.halting_policy = make_policy(exit_rule, model.config.num_passes, target, self.pruning_seed)
-        self.settings = settings_of(model, self.checkpoint, exit_rule, target, self.pruning_seed)
         print(self.settings.banner(), flush=True)
         self.reset_halting_stats()
         self._generating = False
@@ -139,8 +148,6 @@ class AdaPonderLM(HFLM):
         model.register_forward_hook(self._post_hook, with_kwargs=True)
         self.speculative = None
         if draft_tokens:
-            from adaponder.modeling.speculative import SpeculativeConfig
-
             self.speculative = SpeculativeConfig(draft_passes, draft_tokens)
             self.speculative.check(model.config.num_passes)
         AdaPonderLM.instances.append(self)
@@ -163,7 +170,8 @@ class AdaPonderLM(HFLM):
         docs = load_documents(data, self.tokenizer, max_tokens=max_tokens)
         codec = as_tokenizer(self.tokenizer)
         window = min(self.max_length, context_tokens(self._model.config))
-        scores = score_documents(self._model, docs, window=window, eod_id=codec.eod_id, pad_id=codec.pad_id)
+        scores = score_documents(self._model, docs, window=window, eod_id=codec.eod_id, pad_id=codec.pad_id,
+                                 settings=self.run_settings)
         mean = float(scores.exit_pass.mean())
         print(f"[adaponder] fixed-pruning target: the learned policy's mean exit pass on {len(scores)} tokens of "
               f"{data} is {mean:.4f} (pass target_mean_exit=... to pin it)", flush=True)
@@ -171,8 +179,7 @@ class AdaPonderLM(HFLM):
 
     # -- hooks ----------------------------------------------------------------------------------------
     def _pre_hook(self, module, args, kwargs):
-        if self.halting_policy is not None:
-            kwargs["halting_policy"] = self.halting_policy
+        kwargs["settings"] = self.run_settings
         return args, kwargs
 
     def _post_hook(self, module, args, kwargs, output):
@@ -221,15 +228,16 @@ class AdaPonderLM(HFLM):
                                    max_new_tokens=max(1, max_length - context.shape[1]), do_sample=do_sample,
                                    temperature=temperature if do_sample else 1.0, top_k=kw.pop("top_k", None),
                                    top_p=kw.pop("top_p", None), pad_token_id=self.tokenizer.pad_token_id,
-                                   speculative=self.speculative)
+                                   speculative=self.speculative, settings=self.run_settings)
 
     # -- summary --------------------------------------------------------------------------------------
     def reset_halting_stats(self) -> None:
         K = int(self._model.config.num_passes)
         self._hist = {k: np.zeros(K, dtype=np.int64) for k in ("scored", "input", "generated")}
         self._ctx = {k: 0.0 for k in self._hist}
-        if getattr(self, "halting_policy", None) is not None:
-            self.halting_policy.reset()
+        rule = getattr(getattr(self, "run_settings", None), "exit_rule", None)
+        if hasattr(rule, "reset"):  # a seeded rule (fixed pruning) draws the same subsets again
+            rule.reset()
 
     def halting_summary(self) -> dict:
         """Settings plus, per kind of position (``scored``: loglikelihood continuations; ``input``: every

@@ -40,6 +40,7 @@ from adaponder.data.tokenizer import Tokenizer, as_tokenizer
 from adaponder.errors import UsageError
 from adaponder.modeling.exits import exit_histogram
 from adaponder.modeling.input_checks import context_note, context_tokens
+from adaponder.modeling.run_settings import RunSettings
 
 from .accounting import flops_summary
 
@@ -227,13 +228,11 @@ def default_window(model) -> int:
 
 @torch.no_grad()
 def score_documents(model, docs: Sequence[Document], window: int | None = None, stride: int | None = None,
-                    batch_size: int | None = None, halting_policy: Callable | None = None, eod_id: int = 0,
-                    pad_id: int | None = None, progress: bool = False,
-                    halting_threshold: float | None = None) -> TokenScores:
+                    batch_size: int | None = None, eod_id: int = 0, pad_id: int | None = None, progress: bool = False,
+                    settings: RunSettings | None = None) -> TokenScores:
     """Score every token of ``docs`` with sliding windows (see module doc); returns :class:`TokenScores` in
-    document/position order. ``halting_policy`` replaces the gates' rule (fixed pruning); it is called in a
-    fixed batch order, so a seeded policy gives reproducible results. ``halting_threshold``: τ for these calls
-    (default: the model config's)."""
+    document/position order. ``settings``: the :class:`RunSettings` of every scoring call (τ, the exit rule — e.g.
+    fixed pruning, whose draws follow a fixed batch order, so a seeded rule gives reproducible results)."""
     window = int(window or default_window(model))
     if window > context_tokens(model.config):  # in pause mode a token takes 1 + num_pauses positions
         raise ValueError(f"window {window} exceeds the model's context of {context_tokens(model.config)} tokens "
@@ -265,8 +264,7 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
             ids[r, :e - b] = torch.from_numpy(seqs[d][b:e])
             mask[r, :e - b] = 1
         attn = None if bool(mask.all()) else mask.to(device)
-        out = model(input_ids=ids.to(device), attention_mask=attn, use_cache=False, halting_policy=halting_policy,
-                    halting_threshold=halting_threshold)
+        out = model(input_ids=ids.to(device), attention_mask=attn, use_cache=False, settings=settings)
         logits, exits = out.logits, out.exit_pass
         for r, (d, b, e, k) in enumerate(batch):
             length = e - b

@@ -14,7 +14,7 @@ Target histograms over exit passes 1..K with mean D (1 ≤ D ≤ K):
   uniform distribution over 1..K.
 
 A histogram becomes per-pass halting rates ``h_i = P(i) / P(D ≥ i)`` (the fraction of tokens still active at
-pass i that halt after it). :class:`FixedPruningPolicy` applies them as the model's ``halting_policy``:
+pass i that halt after it). :class:`FixedPruningPolicy` applies them as the call's exit rule (``RunSettings``):
 after pass i it halts ``round(h_i · n)`` of the n active, non-padding tokens of the batch, chosen uniformly at
 random with a seeded generator (stochastic rounding keeps the expected count exact), so the realised
 histogram matches the target up to sampling noise.
@@ -22,10 +22,9 @@ histogram matches the target up to sampling noise.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-import torch
+from adaponder.modeling.exit_rules import FixedPruning
 
 FIXED_RULES = ("uniform", "geometric")
 
@@ -94,60 +93,19 @@ def halting_rates(hist: Sequence[float]) -> list[float]:
     return rates
 
 
-class FixedPruningPolicy:
-    """``halting_policy`` for ``AdaPonderForCausalLM.forward``: halts random subsets of active tokens.
-
-    ``policy(pass_idx, active, s, valid)`` returns which tokens stay active after pass ``pass_idx``: of the
-    n tokens that are active and not padding, ``round(h_i · n)`` (stochastically rounded) chosen at random
-    halt. Gate values ``s`` are ignored for the decision (the model still scales the update of the tokens
-    that continue by their gate, A7). The generator is seeded; :meth:`reset` restarts the stream so that
-    repeated evaluations draw the same subsets.
-    """
-
-    def __init__(self, rates: Sequence[float], seed: int = 0, rule: str = "custom",
-                 histogram: Sequence[float] | None = None):
-        self.rates = [float(r) for r in rates]
-        self.seed = int(seed)
-        self.rule = rule
-        self.histogram = list(histogram) if histogram is not None else None
-        self.generator = torch.Generator().manual_seed(self.seed)
+class FixedPruningPolicy(FixedPruning):
+    """:class:`~adaponder.modeling.exit_rules.FixedPruning` (the exit rule, honoured by every consumer of the pass
+    driver) built from a target histogram: :meth:`from_rule`."""
 
     @classmethod
     def from_rule(cls, rule: str, K: int, mean: float, seed: int = 0) -> "FixedPruningPolicy":
         hist = target_histogram(rule, K, mean)
         return cls(halting_rates(hist), seed=seed, rule=rule, histogram=hist)
 
-    def reset(self, seed: int | None = None) -> None:
-        if seed is not None:
-            self.seed = int(seed)
-        self.generator = torch.Generator().manual_seed(self.seed)
-
-    def __call__(self, pass_idx: int, active: torch.Tensor, s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        keep = active.clone()
-        if pass_idx > len(self.rates):
-            return keep
-        rate = self.rates[pass_idx - 1]
-        candidates = (active & valid).reshape(-1).nonzero().squeeze(-1)
-        n = int(candidates.numel())
-        if n == 0 or rate <= 0.0:
-            return keep
-        expected = rate * n
-        n_halt = int(math.floor(expected))
-        if torch.rand((), generator=self.generator).item() < expected - n_halt:
-            n_halt += 1
-        n_halt = min(n_halt, n)
-        if n_halt:
-            pick = torch.randperm(n, generator=self.generator)[:n_halt].to(candidates.device)
-            keep.view(-1)[candidates[pick]] = False
-        return keep
-
-    def __repr__(self) -> str:
-        rates = ", ".join(f"{r:.4f}" for r in self.rates)
-        return f"FixedPruningPolicy(rule={self.rule!r}, rates=[{rates}], seed={self.seed})"
-
 
 def make_policy(exit_rule: str, K: int, target_mean_exit: float | None = None, seed: int = 0):
-    """``None`` for the learned rule (the gates), else a :class:`FixedPruningPolicy` with mean ``target_mean_exit``."""
+    """``None`` for the learned rule (the gates, A6), else a :class:`FixedPruningPolicy` exit rule with mean
+    ``target_mean_exit``."""
     if exit_rule == "learned":
         return None
     if target_mean_exit is None:

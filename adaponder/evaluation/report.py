@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adaponder.modeling.exit_rules import FirstPassOnly, NoHalting
+from adaponder.modeling.run_settings import RunSettings
+
 from .accounting import ONE_PASS_BASELINE
 from .dial import dial_table
 from .perplexity import score_documents, summarize
@@ -77,28 +80,22 @@ def expand_tasks(spec: str | None) -> list[str]:
 
 
 # -- parts of the report ---------------------------------------------------------------------------
-def _keep_all(pass_idx, active, s, valid):
-    return active
-
-
-def _first_only(pass_idx, active, s, valid):
-    return torch.zeros_like(active)
-
-
 def iso_flops(model, docs, score_kw: dict, target: float, seed: int) -> dict[str, dict]:
     """Learned policy vs fixed pruning (uniform, geometric) at the learned mean exit pass, plus references."""
     K = model.config.num_passes
     out = {}
     for rule in FIXED_RULES:
         policy = FixedPruningPolicy.from_rule(rule, K, target, seed=seed)
-        summary = summarize(score_documents(model, docs, halting_policy=policy, **score_kw), docs, model)
+        summary = summarize(score_documents(model, docs, settings=RunSettings(exit_rule=policy), **score_kw), docs,
+                            model)
         summary["target_histogram"] = policy.histogram
         summary["target_mean_exit"] = histogram_mean(policy.histogram)
         summary["halting_rates"] = policy.rates
         out[rule] = summary
-    out["no halting"] = summarize(score_documents(model, docs, halting_policy=_keep_all, **score_kw), docs, model)
-    out["first pass only"] = summarize(score_documents(model, docs, halting_policy=_first_only, **score_kw),
-                                       docs, model)
+    out["no halting"] = summarize(score_documents(model, docs, settings=RunSettings(exit_rule=NoHalting()),
+                                                  **score_kw), docs, model)
+    out["first pass only"] = summarize(score_documents(model, docs, settings=RunSettings(exit_rule=FirstPassOnly()),
+                                                       **score_kw), docs, model)
     return out
 
 
@@ -130,7 +127,7 @@ def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence
     from .lm_eval_model import AdaPonderLM
 
     tm = tm if tm is not None else task_manager(include_path)
-    lm = AdaPonderLM(checkpoint=checkpoint, passes=settings.passes, halting_threshold=settings.halting_threshold,
+    lm = AdaPonderLM(checkpoint=checkpoint, passes=settings.passes, tau=settings.tau,
                      batch_size=batch_size, dtype=settings.dtype, device=settings.device)
     rows = []
     for task in tasks:

@@ -3,7 +3,8 @@
 Every evaluation entry point (perplexity, dial, report, the ``adaponder`` lm-eval model) goes through
 :func:`load_for_eval` / :func:`recurrence_overrides`, so K (passes), τ (halting threshold) and the exit rule
 are set in one place and printed the same way. K and τ are configuration values the model is *built* with
-(``from_pretrained(path, passes=K, halting_threshold=τ)``): nothing is written into a model's config afterwards.
+(``from_pretrained(path, passes=K)``); τ and the exit rule are settings of each call (:class:`RunSettings`,
+:meth:`RecurrenceSettings.run_settings`): nothing is written into a model's config afterwards.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from typing import Any
 
 import torch
 
-from .pruning import FIXED_RULES
+from adaponder.modeling.exit_rules import ExitRule
+from adaponder.modeling.run_settings import DEFAULT_TAU, RunSettings
+
+from .pruning import FIXED_RULES, make_policy
 
 #: ``learned`` (the gates, A6) or a fixed-pruning rule (:data:`.pruning.FIXED_RULES`).
 EXIT_RULES = ("learned", *FIXED_RULES)
@@ -40,7 +44,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 class RecurrenceSettings:
     """The recurrence settings an evaluation ran with (what the report pins and prints).
 
-    ``passes`` is K in use (≤ ``trained_passes`` for gated models); ``halting_threshold`` is τ (A6);
+    ``passes`` is K in use (≤ ``trained_passes`` for gated models); ``tau`` is τ (A6);
     ``exit_rule`` is ``learned`` (the gates, A6) or fixed pruning (``uniform`` / ``geometric`` exit-pass
     histograms with mean ``target_mean_exit``, drawn with ``pruning_seed``).
     """
@@ -49,7 +53,7 @@ class RecurrenceSettings:
     mode: str
     passes: int
     trained_passes: int
-    halting_threshold: float
+    tau: float = DEFAULT_TAU
     exit_rule: str = "learned"
     target_mean_exit: float | None = None
     pruning_seed: int = 0
@@ -61,7 +65,9 @@ class RecurrenceSettings:
 
     def lines(self) -> list[str]:
         rule = self.exit_rule
-        if rule != "learned":
+        if rule not in EXIT_RULES:  # an exit rule object given in Python: its repr
+            pass
+        elif rule != "learned":
             rule += f" (fixed pruning, target mean exit pass {self.target_mean_exit:.4f}, seed {self.pruning_seed})"
         else:
             rule += " (gates, A6: halt after pass i when s^i < τ)"
@@ -69,10 +75,15 @@ class RecurrenceSettings:
             f"checkpoint: {self.checkpoint}",
             f"mode: {self.mode}",
             f"passes K: {self.passes} (trained with {self.trained_passes})",
-            f"halting threshold τ: {self.halting_threshold:g}",
+            f"halting threshold τ: {self.tau:g}",
             f"exit rule: {rule}",
             f"dtype: {self.dtype}, device: {self.device}",
         ]
+
+    def run_settings(self) -> RunSettings:
+        """The :class:`RunSettings` of the scoring calls: τ and, for fixed pruning, a freshly seeded rule."""
+        rule = make_policy(self.exit_rule, self.passes, self.target_mean_exit, self.pruning_seed)
+        return RunSettings(tau=self.tau, exit_rule=rule)
 
     def banner(self) -> str:
         return "[adaponder] recurrence settings\n" + "\n".join(f"  {line}" for line in self.lines())
@@ -92,11 +103,10 @@ def trained_passes(model) -> int:
     return int(cfg.passes)
 
 
-def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = None,
-                         halting_threshold: float | None = None) -> dict[str, Any]:
+def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = None) -> dict[str, Any]:
     """The configuration values to build ``checkpoint``'s model with (``from_pretrained(path, **values)``),
     refusing what the checkpoint cannot run: a gated model runs at most the K it was trained with (one gate per
-    pondering step); ``vanilla`` runs exactly one pass; τ must lie in (0, 1)."""
+    pondering step); ``vanilla`` runs exactly one pass."""
     values: dict[str, Any] = {}
     if passes is not None:
         from adaponder.modeling import AdaPonderConfig
@@ -110,27 +120,23 @@ def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = Non
         if cfg.mode == "adaponder" and passes > cfg.num_passes:
             raise ValueError(f"this checkpoint has gates for {cfg.num_passes} passes; passes={passes} exceeds it")
         values["passes"] = passes
-    if halting_threshold is not None:
-        tau = float(halting_threshold)
-        if not 0.0 < tau < 1.0:
-            raise ValueError(f"halting_threshold (τ) must lie in (0, 1), got {tau}")
-        values["halting_threshold"] = tau
     return values
 
 
-def check_exit_rule(exit_rule: str) -> None:
-    """Raise ``ValueError`` unless ``exit_rule`` is one of :data:`EXIT_RULES`."""
-    if exit_rule not in EXIT_RULES:
+def check_exit_rule(exit_rule: str | ExitRule) -> None:
+    """Raise ``ValueError`` unless ``exit_rule`` is one of :data:`EXIT_RULES` (or an exit rule object)."""
+    if not isinstance(exit_rule, ExitRule) and exit_rule not in EXIT_RULES:
         raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
 
 
 def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_exit: float | None = None,
-                pruning_seed: int = 0) -> RecurrenceSettings:
+                pruning_seed: int = 0, tau: float | None = None) -> RecurrenceSettings:
+    """The settings an evaluation of ``model`` runs with; ``tau`` None: :data:`DEFAULT_TAU` (checked, A6)."""
     check_exit_rule(exit_rule)
     cfg = model.config
     return RecurrenceSettings(
         checkpoint=str(checkpoint), mode=cfg.mode, passes=int(cfg.passes), trained_passes=trained_passes(model),
-        halting_threshold=float(cfg.halting_threshold), exit_rule=exit_rule,
+        tau=RunSettings(tau=DEFAULT_TAU if tau is None else tau).tau, exit_rule=exit_rule,
         target_mean_exit=None if target_mean_exit is None else float(target_mean_exit),
         pruning_seed=int(pruning_seed), dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
     )
@@ -153,9 +159,9 @@ def load_tokenizer_for(checkpoint: str | os.PathLike, revision: str | None = Non
                                    bos_token="<|endoftext|>", pad_token="<|padding|>")
 
 
-def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halting_threshold: float | None = None,
+def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None,
                   dtype: str | torch.dtype | None = "float32", device: str = "cpu", revision: str | None = None):
-    """``(model, tokenizer)`` in eval mode on ``device``, built with K and τ (see :func:`recurrence_overrides`).
+    """``(model, tokenizer)`` in eval mode on ``device``, built with K (see :func:`recurrence_overrides`).
     ``checkpoint`` is a folder or a hub id (at ``revision``), resolved as ``init.backbone`` is
     (:func:`adaponder.hub.checkpoint_source`)."""
     from adaponder.hub import checkpoint_source
@@ -167,7 +173,7 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None, halt
     torch_dtype = parse_dtype(dtype)
     require_readable_weights(path)
     model = AdaPonderForCausalLM.from_pretrained(path, dtype="auto" if torch_dtype is None else torch_dtype,
-                                                 **recurrence_overrides(path, passes, halting_threshold))
+                                                 **recurrence_overrides(path, passes))
     require_finite_weights(model, path)
     model.to(device).eval()
     return model, load_tokenizer_for(path)

@@ -6,8 +6,6 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -59,40 +57,22 @@ def packed_attention(module, query, key, value, attention_mask, ponder_subset: T
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
-class AttentionRoute:
-    """The layers' view of the model's config: every field is the config's own except ``_attn_implementation``,
-    which names the attention a pass routes to (packed, per row) while one is set, and the config's otherwise.
-
-    transformers' attention modules look their attention function up in ``self.config._attn_implementation`` on
-    every call and take no argument for it. Each layer gets this view at construction (:class:`PythiaBackbone`),
-    so a pass chooses its attention with :meth:`routed` and the model's config is never written: anyone reading
-    ``model.config`` during a pass — another thread, a checkpoint save — sees the implementation it was built with.
-    """
-
-    def __init__(self, config):
-        self._config = config
-        self._route: str | None = None
-
-    def __getattr__(self, name: str):
-        # Only called for what the view does not hold itself; dunder lookups (copy, pickle) stay the view's own, and
-        # an unpickled view asks before its _config is back.
-        config = self.__dict__.get("_config")
-        if config is None or (name.startswith("__") and name.endswith("__")):
-            raise AttributeError(name)
-        return getattr(config, name)
-
-    @property
-    def _attn_implementation(self) -> str | None:
-        return self._route or self._config._attn_implementation
-
-    @contextlib.contextmanager
-    def routed(self, name: str):
-        """Within the block, the layers' attention is ``name`` (an ``AttentionInterface`` registration)."""
-        previous, self._route = self._route, name
-        try:
-            yield
-        finally:
-            self._route = previous
+#: The attention of a depth-batched tick (one row per sequence, each at its own pass), registered by
+#: :mod:`.depth_batching`, which defines it.
+ROW_ATTENTION = "adaponder_rows"
 
 
-__all__ = ["PACKED_ATTENTION", "AttentionRoute", "causal_slot_mask", "packed_attention"]
+def attention_for(kwargs, built: str | None) -> str | None:
+    """The ``AttentionInterface`` name a layer's attention runs with for one call: the packed attention of a
+    compacted pass when the call brings its tokens (``ponder_subset``), the per-row attention of a depth-batched
+    tick when it brings its plan (``ponder_rows``), else ``built``, the implementation the model was built with.
+    The choice travels with the call's own arguments, so a pass recomputed in backward (gradient checkpointing)
+    chooses as it did forward, and nothing is written anywhere."""
+    if kwargs.get("ponder_subset") is not None:
+        return PACKED_ATTENTION
+    if kwargs.get("ponder_rows") is not None:
+        return ROW_ATTENTION
+    return built
+
+
+__all__ = ["PACKED_ATTENTION", "ROW_ATTENTION", "attention_for", "causal_slot_mask", "packed_attention"]

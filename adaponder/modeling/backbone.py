@@ -7,14 +7,21 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 from torch import nn
-from transformers import GPTNeoXModel, PreTrainedModel
+from transformers import GPTNeoXForCausalLM, GPTNeoXModel, PreTrainedModel
 from transformers import initialization as hf_init
+from transformers.activations import ACT2FN
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.gpt_neox.modeling_gpt_neox import (GPTNeoXAttention, GPTNeoXLayer, GPTNeoXMLP,
+                                                            GPTNeoXRotaryEmbedding, apply_rotary_pos_emb,
+                                                            eager_attention_forward)
 
-from .attention import AttentionRoute
+from .attention import attention_for
 from .configuration_adaponder import AdaPonderConfig
 from .pass_step import GateOutput, SkinnyLinear
 
@@ -34,9 +41,6 @@ class PauseEmbeddings(nn.Module):
 
 
 def _model_type(path: str) -> str | None:
-    import json
-    import os
-
     with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
         return json.load(fh).get("model_type")
 
@@ -46,7 +50,7 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     config: AdaPonderConfig
     base_model_prefix = "gpt_neox"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["GPTNeoXLayer"]
+    _no_split_modules = ["GPTNeoXLayer", "PonderLayer"]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_attention_backend = False
@@ -90,27 +94,93 @@ def init_pythia_(module: nn.Module, std: float, truncated: bool) -> None:
         hf_init.zeros_(module.bias)
 
 
+class PonderAttention(GPTNeoXAttention):
+    """transformers' ``GPTNeoXAttention`` (same parameters, names and math) built with :class:`SkinnyLinear`
+    projections, whose attention function is chosen per call from the call's own arguments
+    (:func:`~.attention.attention_for`: packed for a compacted pass, per row for a depth-batched tick, else the
+    config's implementation) instead of from a config written for the pass."""
+
+    def __init__(self, config, layer_idx=None):
+        # GPTNeoXAttention.__init__ without its nn.Linear maps: each module is built once, of its final type (under
+        # ZeRO-3 every module built inside deepspeed.zero.Init is partitioned, a discarded one included).
+        nn.Module.__init__(self)
+        self.config = config
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.attention_dropout = config.attention_dropout
+        partial_rotary_factor = config.rope_parameters.get("partial_rotary_factor", 1.0)
+        self.rotary_ndims = int(self.head_size * partial_rotary_factor)
+        self.scaling = self.head_size**-0.5
+        self.is_causal = True
+        self.layer_idx = layer_idx
+        self.query_key_value = SkinnyLinear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.dense = SkinnyLinear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
+
+    def forward(self, hidden_states, attention_mask, layer_past=None, position_embeddings=None, **kwargs):
+        # GPTNeoXAttention.forward, with the attention function chosen by attention_for
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, 3 * self.head_size)
+        qkv = self.query_key_value(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states, key_states, value_states = qkv.chunk(3, dim=-1)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if layer_past is not None:
+            key_states, value_states = layer_past.update(key_states, value_states, self.layer_idx)
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attention_for(kwargs, self.config._attn_implementation), eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask, scaling=self.scaling,
+            dropout=0.0 if not self.training else self.attention_dropout, **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.dense(attn_output), attn_weights
+
+
+class PonderMLP(GPTNeoXMLP):
+    """transformers' ``GPTNeoXMLP`` built with :class:`SkinnyLinear` maps (see :class:`PonderAttention`)."""
+
+    def __init__(self, config):
+        nn.Module.__init__(self)
+        self.dense_h_to_4h = SkinnyLinear(config.hidden_size, config.intermediate_size)
+        self.dense_4h_to_h = SkinnyLinear(config.intermediate_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+
+
+class PonderLayer(GPTNeoXLayer):
+    """transformers' ``GPTNeoXLayer`` (same modules, names, order of construction and forward) built from
+    :class:`PonderAttention` and :class:`PonderMLP`."""
+
+    def __init__(self, config, layer_idx):
+        super(GPTNeoXLayer, self).__init__()
+        self.use_parallel_residual = config.use_parallel_residual
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.post_attention_dropout = nn.Dropout(config.hidden_dropout)
+        self.post_mlp_dropout = nn.Dropout(config.hidden_dropout)
+        self.attention = PonderAttention(config, layer_idx)
+        self.mlp = PonderMLP(config)
+
+
 class PythiaBackbone(GPTNeoXModel):
     """transformers' ``GPTNeoXModel`` (same modules, names and forward) whose weight initialisation
     follows ``config.init`` (A20): the backbone initialises itself when constructed, so its scheme
-    has to live here rather than in the outer model."""
+    has to live here rather than in the outer model.
+
+    Its layers are :class:`PonderLayer`: their linear maps are :class:`SkinnyLinear`, so that a decode step's
+    few-row products run blocked on the CPU (an ordinary module type, chosen at construction; the state dict is
+    transformers' own), and their attention follows each call's arguments (compacted passes, depth-batched ticks)."""
 
     config_class = AdaPonderConfig
 
     def __init__(self, config: AdaPonderConfig):
-        super().__init__(config)
-        # The layers' nn.Linear instances become SkinnyLinear (a subclass: same parameters, names and state dict)
-        # so that a decode step's few-row products run blocked. The instances are retyped (as
-        # torch.nn.utils.parametrize does) rather than replaced by new modules: under ZeRO-3 the layers are built
-        # inside deepspeed.zero.Init, which hooks every module constructed there; building replacements inside it
-        # left the process with partitioned parameters in the next model it built (a ZeRO-1 run after a ZeRO-3 one).
-        for module in self.layers.modules():
-            if type(module) is nn.Linear:
-                module.__class__ = SkinnyLinear
-        #: How the passes choose the layers' attention (packed, per row) without writing into the config.
-        self.attention_route = AttentionRoute(config)
-        for layer in self.layers:
-            layer.attention.config = self.attention_route
+        # GPTNeoXModel.__init__ with PonderLayer for GPTNeoXLayer (each module built once, of its final type).
+        super(GPTNeoXModel, self).__init__(config)
+        self.config = config
+        self.embed_in = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.emb_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList([PonderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.rotary_emb = GPTNeoXRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -146,12 +216,8 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
 
     The backbone (embedding, layers, final norm, output head) is copied unchanged; gates that the
     source lacks are freshly initialised with s ≈ 1 (``gate_init_bias``). ``overrides`` set
-    recurrence fields (``passes``, ``input_scale``, ``halting_threshold``, …).
+    recurrence fields (``passes``, ``input_scale``, …).
     """
-    import os
-
-    from transformers import GPTNeoXForCausalLM
-
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(_checkpoint_source(source, revision))
         if not os.path.isfile(os.path.join(path, "config.json")):
@@ -175,7 +241,7 @@ def from_backbone(cls, source, mode: str = "adaponder", dtype: torch.dtype | Non
     values = {k: src_cfg[k] for k in shape_keys if k in src_cfg}
     if isinstance(source, cls):
         values.update({k: src_cfg[k] for k in ("input_scale", "embedding_multiplier", "gate_hidden_mult",
-                                                  "gate_activation", "gate_init_bias", "halting_threshold")})
+                                                  "gate_activation", "gate_init_bias")})
         if mode == src_cfg["mode"]:
             values["passes"] = src_cfg["passes"]
     values["mode"] = mode
@@ -208,8 +274,6 @@ def _checkpoint_source(source, revision):
 def _require_cached_offline(name, revision) -> None:
     """:func:`adaponder.hub.resolve_pretrained`'s error for a hub id missing from the cache while offline; nothing
     otherwise. The import is in a ``try`` for the reason :func:`_checkpoint_source` gives."""
-    import os
-
     try:
         from adaponder.hub import is_hub_id, offline, resolve_pretrained
     except ImportError:
@@ -218,5 +282,5 @@ def _require_cached_offline(name, revision) -> None:
         resolve_pretrained(name, revision)
 
 
-__all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PythiaBackbone", "from_backbone", "init_pythia_",
-           "init_std"]
+__all__ = ["AdaPonderPreTrainedModel", "PauseEmbeddings", "PonderAttention", "PonderLayer", "PonderMLP",
+           "PythiaBackbone", "from_backbone", "init_pythia_", "init_std"]

@@ -20,6 +20,10 @@ DEFAULT_PAUSE_TOKENS = 3  # K − 1 for the default K = 4: the same extra backbo
 GATE_ACTIVATIONS = ("gelu", "relu", "silu", "tanh")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
+# Run-time settings that configs written before ``RunSettings`` held (``run_settings.LEGACY_CONFIG_KEYS``, repeated
+# here because this file travels alone): accepted on load and dropped.
+LEGACY_RUN_KEYS = ("halting_threshold", "compact_inference", "ponder_chunk_size", "ponder_recompute")
+
 # Keys that GPTNeoXConfig accepts under legacy names (converted into ``rope_parameters``).
 _LEGACY_KEYS = {"rotary_pct", "rotary_emb_base", "rope_scaling", "attn_implementation", "torch_dtype", "dtype"}
 
@@ -69,15 +73,11 @@ class AdaPonderConfig(GPTNeoXConfig):
         gate_hidden_mult / gate_activation / gate_init_bias: the gate MLP of A5,
             ``Linear(d, m·d) → act → Linear(m·d, 1)``; the last bias starts at ``gate_init_bias``
             (+4 gives s ≈ 0.98, i.e. "s ≈ 1 at start").
-        halting_threshold: τ of A6; a token halts after pass i when ``s^i < τ``.
-        compact_inference: without gradients, passes after the first compute only still-active tokens
-            (A16); results are identical, compute falls with the halted fraction.
-        ponder_chunk_size: most tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4)
-            and the loss (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25
-            probabilities, ~128 MiB in fp32).
-        ponder_recompute: in training, recompute each pondering pass's probabilities in backward (default:
-            memory does not grow with B×T×V per pass) or keep them (``false``: one ``h W_outᵀ`` product per
-            pondering pass less — faster when the B×T×V fp32 probabilities of K−1 passes fit in memory).
+
+    The config holds only what defines the trained model. How a call runs it — τ of A6, the exit rule, fewer
+    passes, compaction, chunking — is a :class:`~.run_settings.RunSettings` passed to that call. Configs written
+    before that split (``halting_threshold``, ``compact_inference``, ``ponder_chunk_size``, ``ponder_recompute``)
+    still load: those keys are dropped (:data:`~.run_settings.LEGACY_CONFIG_KEYS`).
     """
 
     model_type = "adaponder"
@@ -89,14 +89,13 @@ class AdaPonderConfig(GPTNeoXConfig):
     gate_hidden_mult: int = 4
     gate_activation: str = "gelu"
     gate_init_bias: float = 4.0
-    halting_threshold: float = 1e-4
     pause_tokens: int | None = None
     init: str = "hf"
-    compact_inference: bool = True
-    ponder_chunk_size: int = 0
-    ponder_recompute: bool = True
 
     def __post_init__(self, **kwargs):
+        for key in LEGACY_RUN_KEYS:  # run-time settings that older configs held: not the model's any more
+            kwargs.pop(key, None)
+            self.__dict__.pop(key, None)
         if self.passes is None:
             self.passes = 1 if self.mode in ("vanilla", "pause") else 4
         if self.mode == "pause" and self.pause_tokens is None:
@@ -152,7 +151,8 @@ class AdaPonderConfig(GPTNeoXConfig):
         Every problem — unknown keys, wrong types, inconsistent values — is reported in one
         :class:`AdaPonderConfigError` that names the source file.
         """
-        problems = [f"unknown key '{k}'" for k in values if k not in cls.known_keys()]
+        problems = [f"'{k}' is a run-time setting (passed per call in a RunSettings), not part of the model config"
+                    if k in LEGACY_RUN_KEYS else f"unknown key '{k}'" for k in values if k not in cls.known_keys()]
         type_problems = _type_problems(cls, values)
         problems += type_problems
         # Values of the wrong type are reported above; check the rest against each other.
@@ -179,8 +179,8 @@ def _defaults(cls) -> dict[str, Any]:
 
 def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
     names = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-             "mode", "passes", "halting_threshold", "gate_hidden_mult", "gate_activation", "input_scale",
-             "embedding_multiplier", "ponder_chunk_size", "rope_parameters", "max_position_embeddings",
+             "mode", "passes", "gate_hidden_mult", "gate_activation", "input_scale",
+             "embedding_multiplier", "rope_parameters", "max_position_embeddings",
              "pause_tokens", "init")
     return {n: getattr(cfg, n) for n in names}
 
@@ -188,11 +188,10 @@ def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
 def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
     """Cheap type checks so that a string where a number belongs is reported with the rest."""
     numeric = {"hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-               "max_position_embeddings", "gate_hidden_mult", "ponder_chunk_size", "passes", "pause_tokens"}
-    floats = {"halting_threshold", "input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
+               "max_position_embeddings", "gate_hidden_mult", "passes", "pause_tokens"}
+    floats = {"input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
-    bools = {"use_parallel_residual", "tie_word_embeddings", "compact_inference", "attention_bias", "use_cache",
-             "ponder_recompute"}
+    bools = {"use_parallel_residual", "tie_word_embeddings", "attention_bias", "use_cache"}
     problems = []
     for key, val in values.items():
         if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):
@@ -237,9 +236,6 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
         val = v.get(key)
         if isinstance(val, int) and val < 1:
             problems.append(f"'{key}' must be >= 1, got {val}")
-    tau = v.get("halting_threshold")
-    if isinstance(tau, (int, float)) and halting_threshold_problem(tau):
-        problems.append(halting_threshold_problem(tau))
     act = v.get("gate_activation")
     if act is not None and act not in GATE_ACTIVATIONS:
         problems.append(f"'gate_activation' must be one of {', '.join(GATE_ACTIVATIONS)}; got {act!r}")
@@ -249,9 +245,6 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
     mult = v.get("embedding_multiplier")
     if isinstance(mult, (int, float)) and mult <= 0:
         problems.append(f"'embedding_multiplier' (α of A1) must be > 0, got {mult}")
-    chunk = v.get("ponder_chunk_size")
-    if isinstance(chunk, int) and chunk < 0:
-        problems.append(f"'ponder_chunk_size' must be >= 0 (0 = the default block of 2**25 probabilities), got {chunk}")
     pct = v.get("rotary_pct")
     if pct is None and isinstance(v.get("rope_parameters"), Mapping):
         pct = v["rope_parameters"].get("partial_rotary_factor")

@@ -26,8 +26,11 @@ keys are held twice while decoding. They also cost reads in proportion to the bu
 transposed keys spans every position), so the buffers start with room for ``GROWTH`` new positions and double
 when the ticks reach their end, rather than holding the whole generation from the start.
 
-Scope: greedy decoding of equal-length, unpadded prompts, the threshold rule of A6 (no ``halting_policy``),
-modes ``vanilla``, ``ponderlm`` and ``adaponder``.
+The exit step and the feedback are the pass driver's (:func:`.pass_driver.exit_step`, :func:`.pass_driver.feed_back`),
+applied to the tick's rows, each at its own pass: any exit rule that decides per element (the threshold rule of A6,
+Q-exit with a head, a rule on token ids; not fixed pruning, which draws over a batch at one pass) is honoured.
+
+Scope: greedy decoding of equal-length, unpadded prompts, modes ``vanilla``, ``ponderlm`` and ``adaponder``.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from .configuration_adaponder import check_halting_threshold
+from .attention import ROW_ATTENTION
+from .exit_rules import PassView
 from .input_checks import check_generation_length
-from .pass_step import first_input, gate_weighted, goes_on
+from .pass_driver import exit_step, feed_back
+from .pass_step import first_input
 from .ponder_cache import PonderCache, starts_at
-from .pondering import pondering_from_logits
+from .run_settings import RunSettings, settings_or_default
 
-ROW_ATTENTION = "adaponder_rows"
 
 
 class RowPlan:
@@ -198,13 +202,13 @@ class DepthBatchedDecoder:
     #: New positions the tick buffers have room for at first; they double when the ticks reach their end.
     GROWTH = 64
 
-    def __init__(self, model, halting_threshold: float | None = None):
-        """``halting_threshold``: τ of A6 for this decoder (default: the model config's, which is not written)."""
+    def __init__(self, model, settings: RunSettings | None = None):
+        """``settings``: the :class:`~.run_settings.RunSettings` this decoder runs with (τ, exit rule, passes)."""
         cfg = model.config
         if cfg.mode not in ("vanilla", "ponderlm", "adaponder"):
             raise ValueError(f"depth-batched decoding supports modes vanilla, ponderlm and adaponder, not {cfg.mode!r}")
         self.model = model
-        self.tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
+        self.settings = settings_or_default(settings)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
@@ -221,7 +225,8 @@ class DepthBatchedDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         batch, length = input_ids.shape
-        K = cfg.num_passes
+        K = self.settings.num_passes(cfg.num_passes)
+        rule = self.settings.rule
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
         need = length + room  # positions the generation can reach
         check_generation_length(cfg.max_position_embeddings, length, room, None)
@@ -243,36 +248,46 @@ class DepthBatchedDecoder:
         positions = [length] * len(live)
         embed = model.gpt_neox.embed_in
         E = self._first_input(embed, [tokens[b][-1] for b in live], device)
+        carry = None  # the exit rule's per-row memory (rows at pass 1 start afresh)
         ticks = token_passes = pondering_ticks = gate_runs = attended = 0
-        with model.gpt_neox.attention_route.routed(ROW_ATTENTION):
-            while live and (max_ticks is None or ticks < max_ticks):
-                if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
-                    prefill = prefill.grown(min(need, 2 * prefill.capacity))
-                    kv = TickKV(prefill.keys_t, prefill.values)
-                rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-                plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
-                kv.index = (pass_t - 1, rows_t, pos_t)
-                h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
-                ticks += 1
-                token_passes += len(live)
-                attended += sum(positions) + len(positions)
-                gate_runs += len({p for p in passes if p <= len(model.gates)})
+        while live and (max_ticks is None or ticks < max_ticks):
+            if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
+                prefill = prefill.grown(min(need, 2 * prefill.capacity))
+                kv = TickKV(prefill.keys_t, prefill.values)
+            rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
+            plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
+            kv.index = (pass_t - 1, rows_t, pos_t)
+            h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
+            ticks += 1
+            token_passes += len(live)
+            attended += sum(positions) + len(positions)
+            gate_runs += len({p for p in passes if p <= len(model.gates)})
 
-                s = None if gates is None else gates(h, passes)  # [n] float (A5)
-                halt = pass_t >= K if s is None else (pass_t >= K) | ~goes_on(s, self.tau)  # A6
-                z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
-                nxt = z.argmax(-1)
-                halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
+            s = None if gates is None else gates(h, passes)  # [n] float (A5)
+            z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
+            view = PassView(pass_idx=pass_t, num_passes=K, active=torch.ones_like(pass_t, dtype=torch.bool),
+                            gate=s, logits=z if "logits" in rule.needs else None, hidden=h,
+                            token_ids=_index([tokens[b][-1] for b in live], device) if "token_ids" in rule.needs
+                            else None, carry=carry)
+            halt = ~exit_step(rule, view, last=pass_t >= K)  # A6
+            carry = view.next_carry
+            nxt = z.argmax(-1)
+            halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
 
-                go = [i for i, stop in enumerate(halt_h) if not stop]
-                if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
-                    pondering_ticks += 1
-                    E = self._feed_back(E, z, s, _index(go, device))
-                stopped = [i for i, stop in enumerate(halt_h) if stop]
-                self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
+            go = [i for i, stop in enumerate(halt_h) if not stop]
+            if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
+                pondering_ticks += 1
+                idx = _index(go, device)  # (softmax in place: z is not read afterwards)
+                E = feed_back(model, E, dest=idx, logits=z.index_select(0, idx), in_place=True,
+                              weight=None if s is None else s.index_select(0, idx))
+            stopped = [i for i, stop in enumerate(halt_h) if stop]
+            self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
 
-                E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
-                                                           lambda t: self._done(t, max_new_tokens, eos_token_id))
+            keep_rows = live
+            E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
+                                                       lambda t: self._done(t, max_new_tokens, eos_token_id))
+            if carry is not None and len(live) < len(keep_rows):
+                carry = carry.index_select(0, _index([keep_rows.index(b) for b in live], device))
 
         fill = eos_token_id if eos_token_id is not None else 0
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
@@ -315,14 +330,6 @@ class DepthBatchedDecoder:
         """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
         return first_input(embed(torch.tensor(token_ids, device=device)), self.model.config.first_pass_scale)
 
-    def _feed_back(self, E: torch.Tensor, z: torch.Tensor, s: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor:
-        """``E^i = E^{i-1} + s^i·e^i`` (A7) for the rows ``idx`` of this tick, ``e`` the pondering embedding of
-        their logits ``z`` (A4; softmax in place: ``z`` is not read afterwards)."""
-        e = pondering_from_logits(z.index_select(0, idx), self.model.gpt_neox.embed_in.weight,
-                                  self.model.config.embedding_scale, in_place=True)
-        e = gate_weighted(e, None if s is None else s.index_select(0, idx))
-        return E.index_add(0, idx, e.to(E.dtype))
-
     def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, kv: TickKV, plan: RowPlan) -> torch.Tensor:
         neox = self.model.gpt_neox
         hidden = neox.emb_dropout(E[:, None])
@@ -347,7 +354,7 @@ class DepthBatchedDecoder:
         """The cached forward over the prompts (A16), writing straight into a cache in the decoder's layout with room
         for ``capacity`` positions, then the keys transposed for the ticks (:meth:`prepare`)."""
         cache = self.new_cache(input_ids.shape[0], capacity, input_ids.device)
-        return self.prepare(self.model(input_ids, cache=cache, use_cache=True, halting_threshold=self.tau), capacity)
+        return self.prepare(self.model(input_ids, cache=cache, use_cache=True, settings=self.settings), capacity)
 
     def prepare(self, output, capacity: int) -> DecoderPrefill:
         """``output`` of the cached forward in the decoder's layout: its values where they are (a cache from

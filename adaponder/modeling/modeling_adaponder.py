@@ -10,7 +10,6 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -21,16 +20,19 @@ from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention import PACKED_ATTENTION, causal_slot_mask
+from .attention import causal_slot_mask
 from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
-from .configuration_adaponder import AdaPonderConfig, check_halting_threshold
+from .configuration_adaponder import AdaPonderConfig
 from .cost import CostAccounting
 from .input_checks import (ModelInputError, TokenIdError, check_generation_length, check_input_kind, check_positions,
                            check_token_ids)
-from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input, gate_weighted, goes_on
+from .pass_driver import run_passes
+from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
+from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
+from .speculative import SelfSpeculativeDecoder
 
 
 @dataclass
@@ -123,11 +125,9 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         logits_to_keep: int | torch.Tensor = 0,
         return_pass_logits: bool = False,
         return_logits: bool = True,
-        halting_policy=None,
+        settings: RunSettings | None = None,
         gate_warmup: GateWarmup | None = None,
         past_key_values: Cache | None = None,
-        halting_threshold: float | None = None,
-        compact: bool | None = None,
         **kwargs,
     ) -> AdaPonderCausalLMOutput:
         r"""Run K passes (A1–A9) and, with ``labels`` (HF convention: shifted inside) or ``shift_labels``
@@ -136,17 +136,13 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         With ``use_cache`` a :class:`PonderCache` is filled (prefill, A16) or extended (decoding, A15);
         an empty cache of another type (e.g. the ``DynamicCache`` that ``generate`` makes) is replaced.
         ``return_logits=False`` (training) computes the loss in chunks without the ``[B, T, V]`` logits.
-        ``halting_policy(pass_idx, active, s, valid) -> bool [B, T]`` replaces the threshold rule of A6
-        (which tokens stay active after this pass); the mask stays monotone whatever it returns.
+        ``settings`` (:class:`~.run_settings.RunSettings`: τ, the exit rule, passes to run, compaction, chunking)
+        are this call's; ``generate`` passes them through. The config is never written.
         ``gate_warmup`` (:class:`GateWarmup`, training's warm-up only) bypasses, floors or stops the gates' halting.
-
-        Settings of this call, each defaulting to the config (which is never written): ``halting_threshold``
-        (τ of A6; ``generate`` passes it through), ``compact`` (whether passes without gradients compute only the
-        still-active tokens, A16; ``False`` runs every token through every pass, as ZeRO-3 needs).
         """
         cfg = self.config
-        tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
-        compact = cfg.compact_inference if compact is None else bool(compact)
+        _refuse_run_keywords(kwargs)
+        settings = settings_or_default(settings)
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
@@ -161,17 +157,15 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                 input_ids, inputs_embeds, attention_mask, position_ids)
             input_ids = None
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
-        compact_ok = compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
-        run = self.run_passes(ctx, KVAligner(cfg.num_hidden_layers, cache), tau=tau, compact_ok=compact_ok,
-                              halting_policy=halting_policy, gate_warmup=gate_warmup,
-                              return_pass_logits=return_pass_logits)
+        run = run_passes(self, ctx, KVAligner(cfg.num_hidden_layers, cache), settings=settings,
+                         gate_warmup=gate_warmup, return_pass_logits=return_pass_logits)
         h_hat, exit_pass, pass_logits, length = run.h_hat, run.exit_pass, run.pass_logits, ctx.length
         if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
             h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
             pass_logits = [z[:, stride - 1::stride] for z in pass_logits]
             length = length // stride
         logits, lm_loss = self._exit_logits_and_loss(h_hat, self._targets(labels, shift_labels), return_logits,
-                                                     logits_to_keep, length)
+                                                     logits_to_keep, length, settings.chunk_size)
         gate_values, gate_mask = run.gate_tensors(cfg.num_passes)
         return AdaPonderCausalLMOutput(
             loss=lm_loss, logits=logits, cache=cache, lm_loss=lm_loss, exit_pass=exit_pass, gate_values=gate_values,
@@ -179,88 +173,20 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             pass_logits=tuple(pass_logits) if return_pass_logits else None)
 
     def run_passes(self, ctx: "PassContext", aligner: KVAligner, run: PassRun | None = None, last: int | None = None,
-                   *, tau: float | None = None, compact_ok: bool = False, halting_policy=None,
-                   gate_warmup: GateWarmup | None = None, return_pass_logits: bool = False) -> PassRun:
-        """Passes ``run.next_pass .. last`` (default: from pass 1 to K; A2–A9): run the stack on the tokens still
-        active, keep each token's exit-pass state, then gate, halt and feed back (:meth:`_halt`,
-        :meth:`_ponder_update`) before the next pass — also after ``last`` when it is below K, so that a later call
-        can continue from the returned state (self-speculative decoding drafts with the first passes and verifies
-        with the rest). ``tau`` defaults to the config's."""
-        cfg = self.config
-        K = cfg.num_passes
-        last = K if last is None else min(last, K)
-        tau = cfg.halting_threshold if tau is None else tau
-        run = PassRun.start(ctx) if run is None else run
-        batch, length, valid = ctx.batch, ctx.length, ctx.valid
-        n_valid = valid.sum().clamp(min=1)
-        grad = torch.is_grad_enabled()
-        for i in range(run.next_pass, last + 1):
-            active, subset = run.active, run.subset
-            run.active_fraction.append((active & valid).sum() / n_valid)
-            if subset is not None and subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
-                for j in range(i, last + 1):
-                    aligner.carry_forward(j)
-                run.next_pass = last + 1
-                break
-            h_flat, state_flat = self.run_pass(run.E, ctx, i, aligner, active if i > 1 else None, subset)
-            # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
-            # keeping a B×T×V logits tensor per pass.
-            if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
-                run.h_hat[subset.b_idx, subset.t_idx] = h_flat
-            else:
-                h_i = h_flat.reshape(batch, length, -1)
-                run.h_hat = h_i if run.h_hat is None else torch.where(active[..., None], h_i, run.h_hat)
-            if return_pass_logits:
-                run.pass_logits.append(self.lm_head(self._unflatten(h_flat, subset, batch, length)))
-            run.next_pass = i + 1
-            if i == K:
-                break
-            if cfg.mode == "loop":  # Loop Transformer: the hidden state (pre final-LN) feeds the next pass
-                run.E = self._unflatten(state_flat, subset, batch, length)
-                run.exit_pass = run.exit_pass + 1
-                continue
-            if not cfg.ponders:
-                run.next_pass = K + 1
-                break
-            s, next_active = self._halt(i, h_flat, subset, active, valid, tau, halting_policy, gate_warmup, run)
-            # Without gradients, the tokens that go on — pondered now, computed by the next pass — are found
-            # once, with the pass's only host synchronisation (none while no gate can halt a token).
-            going_on = None if grad or next_active is active else TokenSubset.from_mask(next_active)
-            run.E = self._ponder_update(run.E, h_flat, s, next_active, subset, going_on, grad)  # A4, A7
-            run.exit_pass = run.exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
-            run.active = next_active
-            compact = compact_ok and going_on is not None and going_on.num_tokens < batch * length
-            run.subset = going_on if compact else None
-        if run.next_pass > K:
-            while len(run.active_fraction) < K:
-                run.active_fraction.append(run.active_fraction[-1] * 0)
-        return run
+                   *, settings: RunSettings | None = None, gate_warmup: GateWarmup | None = None,
+                   return_pass_logits: bool = False) -> PassRun:
+        """The pass driver's loop (:func:`.pass_driver.run_passes`) over this model."""
+        return run_passes(self, ctx, aligner, run, last, settings=settings_or_default(settings),
+                          gate_warmup=gate_warmup, return_pass_logits=return_pass_logits)
 
-    def _halt(self, i: int, h_flat, subset, active, valid, tau: float, halting_policy, gate_warmup, run: PassRun):
-        """Gate and halting mask after pass ``i`` (A5, A6): ``(s, m^{i+1})`` — ``s`` None where no gate weighs the
-        feedback (PonderLM, a gate bypassed in the warm-up). The gate values of the active tokens go to ``run``
-        for the ponder loss (A11)."""
-        if not self.config.gated or (gate_warmup is not None and gate_warmup.bypass):
-            return None, active
-        batch, length = active.shape
-        s_flat = self.gates[i - 1](h_flat, None if gate_warmup is None else gate_warmup.logit_floor)  # A5
-        s = self._unflatten(s_flat, subset, batch, length)
-        run.gate_values.append(torch.where(active, s, torch.zeros_like(s)))
-        run.gate_masks.append(active & valid)
-        if gate_warmup is not None and not gate_warmup.halting:
-            return s, active
-        if halting_policy is not None:  # e.g. fixed pruning at equal FLOPs (iso-FLOPs control); kept monotone
-            return s, active & halting_policy(i, active, s.detach(), valid).bool()
-        return s, active & goes_on(s, tau)  # A6
-
-    def _exit_logits_and_loss(self, h_hat, targets, return_logits: bool, logits_to_keep, length: int):
+    def _exit_logits_and_loss(self, h_hat, targets, return_logits: bool, logits_to_keep, length: int,
+                              chunk_size: int = 0):
         """``(logits, lm_loss)`` from the exit-pass states (A9, A10). Training (``return_logits=False``) computes the
         loss in chunks and never builds the ``[B, T, V]`` logits."""
         device = h_hat.device
         if not return_logits:
             lm_loss = None if targets is None else linear_cross_entropy(
-                h_hat.reshape(-1, h_hat.shape[-1]), self.lm_head.weight, targets.reshape(-1).to(device),
-                self.config.ponder_chunk_size)
+                h_hat.reshape(-1, h_hat.shape[-1]), self.lm_head.weight, targets.reshape(-1).to(device), chunk_size)
             return None, lm_loss
         if logits_to_keep and targets is None:  # generate(): only the last logits are needed
             h_hat = h_hat[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h_hat[:, logits_to_keep]
@@ -279,8 +205,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         ``speculative=SpeculativeConfig(draft_passes=P, draft_tokens=γ)`` decodes self-speculatively instead
         (:mod:`.speculative`: draft with the first P passes, verify with the rest): the same tokens greedily, the
         same distribution when sampling. It takes ``attention_mask``, ``max_new_tokens``, ``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``halting_threshold`` and
-        ``generator``."""
+        ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``settings`` and ``generator``.
+        ``settings`` (:class:`~.run_settings.RunSettings`) reach every forward of the call."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor):
             self._check_inputs(ids, None, None, None)
@@ -293,13 +219,11 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         return super().generate(inputs, *args, **kwargs)
 
     def _generate_speculative(self, ids, speculative, *args, **kwargs):
-        from .speculative import SelfSpeculativeDecoder
-
         taken = ("attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
                  "pad_token_id", "generator")
-        other = sorted(set(kwargs) - set(taken) - {"input_ids", "halting_threshold"})
+        other = sorted(set(kwargs) - set(taken) - {"input_ids", "settings"})
         if args or other:
-            raise TypeError(f"speculative generation takes {', '.join(taken)} and halting_threshold; "
+            raise TypeError(f"speculative generation takes {', '.join(taken)} and settings; "
                             f"got {', '.join(other) or 'positional arguments'}")
         gen = self.generation_config
         kwargs.setdefault("max_new_tokens", gen.max_new_tokens or 20)
@@ -307,7 +231,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         kwargs.setdefault("pad_token_id", gen.pad_token_id)
         if isinstance(kwargs["eos_token_id"], (list, tuple)):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
-        decoder = SelfSpeculativeDecoder(self, speculative, halting_threshold=kwargs.pop("halting_threshold", None))
+        decoder = SelfSpeculativeDecoder(self, speculative, settings=kwargs.pop("settings", None))
         kwargs.pop("input_ids", None)
         out = decoder.generate(ids, **kwargs)
         self.speculative_stats = decoder.stats
@@ -387,7 +311,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             full_mask = causal_slot_mask(q_slot, past + length, key_padding, impl, x0.dtype)
         cos, sin = self.gpt_neox.rotary_emb(x0, position_ids)
         E0 = first_input(x0, cfg.first_pass_scale)  # E⁰ = c·Ẽ[x] (A1)
-        return PassContext(x0, E0, batch, length, past, valid, key_padding, full_mask, (cos, sin), impl)
+        return PassContext(x0, E0, batch, length, past, valid, key_padding, full_mask, (cos, sin), impl,
+                           input_ids if inputs_embeds is None else None)
 
     def run_pass(self, E, ctx: "PassContext", pass_idx: int, aligner: KVAligner | None = None,
                  active: torch.Tensor | None = None, subset: TokenSubset | None = None):
@@ -400,7 +325,6 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         """
         aligner = aligner if aligner is not None else KVAligner(self.config.num_hidden_layers, None)
         cos, sin = ctx.rope
-        attention = contextlib.nullcontext()
         if subset is not None:
             # Compacted pass (A16): projections and MLPs run on the N active tokens flat, [1, N, d], so no padding
             # slot of the packed [R, Tq] layout costs a GEMM row; only attention regroups them by row.
@@ -408,8 +332,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             rope = (subset.gather(cos)[None], subset.gather(sin)[None])
             kp = subset.select_rows(ctx.key_padding) if ctx.key_padding is not None else None
             mask = causal_slot_mask(ctx.past + subset.token, ctx.past + E.shape[1], kp, ctx.impl, E.dtype)
-            extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}
-            attention = self.gpt_neox.attention_route.routed(PACKED_ATTENTION)
+            extra = {"ponder_subset": subset, "ponder_impl": ctx.impl}  # routes its attention (attention_for)
         else:
             hidden, mask, rope, extra = E, ctx.full_mask, ctx.rope, {}
 
@@ -421,57 +344,19 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                 h = layer(h, attention_mask=mask, layer_past=aligner, position_embeddings=rope, **extra)
             return h
 
-        with attention:
-            if self.pass_checkpointing and self.training and torch.is_grad_enabled():
-                hidden = checkpoint(stack, hidden, use_reentrant=False)
-            else:
-                hidden = stack(hidden)
+        if self.pass_checkpointing and self.training and torch.is_grad_enabled():
+            hidden = checkpoint(stack, hidden, use_reentrant=False)
+        else:
+            hidden = stack(hidden)
         out = self.gpt_neox.final_layer_norm(hidden)
         return out.reshape(-1, out.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
 
-    def _ponder_update(self, E, h_flat, s, next_active, subset, going_on, grad):
-        """``E^i = E^{i-1} + m^{i+1}·s^i·e^i`` (A7) with ``e^i = softmax(W_out h^i)·Ẽ`` (A4).
-
-        Training computes e for every token (masked). Without gradients only the tokens that go on to the
-        next pass need it — ``going_on``, a :class:`TokenSubset` of ``next_active``; None when no gate can
-        halt, i.e. all of them — so only those are computed (A15–A17: D−1 pondering products). ``h_flat``
-        holds the rows of ``subset``'s tokens (all tokens when it is None).
-        """
-        batch, length = E.shape[:2]
-        if grad:
-            e = self._unflatten(self.ponder_from_hidden(h_flat), subset, batch, length)
-            return E + gate_weighted(e, None if s is None else next_active.to(s.dtype) * s)  # m^{i+1}·s^i·e^i
-        if going_on is None:
-            return E + self.ponder_from_hidden(h_flat).reshape(batch, length, -1)
-        n = going_on.num_tokens
-        if n == 0:
-            return E
-        if n == h_flat.shape[0]:  # every computed token goes on: h_flat's rows, in order
-            rows = None
-        elif subset is None:
-            rows = going_on.b_idx * length + going_on.t_idx
-        else:  # positions, among the computed tokens, of those that go on (size known: no host sync)
-            rows = torch.nonzero_static(next_active[subset.b_idx, subset.t_idx], size=n).squeeze(1)
-        b_idx, t_idx = going_on.b_idx, going_on.t_idx
-        e = self.ponder_from_hidden(h_flat if rows is None else h_flat.index_select(0, rows))
-        e = gate_weighted(e, None if s is None else s[b_idx, t_idx])
-        if n == batch * length:  # all of them (row-major order): no gather/scatter of E
-            return E + e.reshape(batch, length, -1)
-        return E.index_put((b_idx, t_idx), E[b_idx, t_idx] + e)
-
-    def ponder_from_hidden(self, h_flat: torch.Tensor) -> torch.Tensor:
-        """A4 from final-LN hidden states ``[N, d]``, chunked, never storing ``[N, V]`` for backward."""
+    def ponder_from_hidden(self, h_flat: torch.Tensor, settings: RunSettings | None = None) -> torch.Tensor:
+        """A4 from final-LN hidden states ``[N, d]``, chunked (``settings.chunk_size``), never storing ``[N, V]`` for
+        backward unless ``settings.recompute`` is off."""
+        settings = settings_or_default(settings)
         return pondering_from_hidden(h_flat, self.lm_head.weight, self.gpt_neox.embed_in.weight,
-                                     self.config.embedding_scale, self.config.ponder_chunk_size,
-                                     recompute=self.config.ponder_recompute)
-
-    @staticmethod
-    def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:
-        if subset is None:
-            return flat.reshape(batch, length, *flat.shape[1:])
-        full = flat.new_zeros(batch, length, *flat.shape[1:])
-        full[subset.b_idx, subset.t_idx] = flat
-        return full
+                                     self.config.embedding_scale, settings.chunk_size, recompute=settings.recompute)
 
     @staticmethod
     def _targets(labels, shift_labels):
@@ -491,6 +376,20 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         params = [self.gpt_neox.embed_in.weight, self.lm_head.weight]
         return [p for i, p in enumerate(params) if all(p is not q for q in params[:i])]
 
+
+
+#: Keywords that once set run-time settings on ``forward``; now fields of :class:`RunSettings` (``settings=``).
+_RUN_KEYWORDS = {**LEGACY_CONFIG_KEYS, "halting_policy": "exit_rule", "tau": "tau", "compact": "compact",
+                 "passes": "passes"}
+
+
+def _refuse_run_keywords(kwargs) -> None:
+    """``TypeError`` for a run-time setting passed as a keyword of its own: ``forward`` takes extra keywords (from
+    ``generate``), so such a keyword would otherwise be dropped silently and the call run with the defaults."""
+    found = sorted(k for k in kwargs if k in _RUN_KEYWORDS)
+    if found:
+        fields = ", ".join(f"{_RUN_KEYWORDS[k]}=..." for k in found)
+        raise TypeError(f"{', '.join(found)}: run-time settings are passed as settings=RunSettings({fields})")
 
 __all__ = ["AdaPonderForCausalLM", "AdaPonderPreTrainedModel", "AdaPonderCausalLMOutput", "GateWarmup", "PonderGate",
            "ModelInputError", "TokenIdError", "check_token_ids", "ponder_loss"]

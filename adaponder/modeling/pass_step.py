@@ -1,8 +1,6 @@
-"""One step of the recurrence, written once: the first pass's input (A1), the gate (A5), the halting rule (A6)
-and the gate's weight on the feedback (A7). The training forward, cached decoding, the depth-batched decoder
-and the PALBERT classifier all call these; each only places the result in its own layout (a full ``[B, T]``
-grid, a compacted subset of tokens, one row per sequence). Also here: what the pass loop carries from one pass to
-the next (:class:`PassContext`, :class:`PassRun`), so that a loop stopped after some passes can be continued.
+"""The pieces a pass is made of: the first pass's input (A1), the gate (A5) and its warm-up regimes, the ponder
+loss (A11–A12), and what the pass loop (:mod:`.pass_driver`) carries from one pass to the next
+(:class:`PassContext`, :class:`PassRun`), so that a loop stopped after some passes can be continued.
 
 This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
 """
@@ -38,13 +36,15 @@ class PassContext:
     full_mask: torch.Tensor | None  # the attention mask when every token is computed
     rope: tuple[torch.Tensor, torch.Tensor]
     impl: str
+    ids: torch.Tensor | None = None  # [B, T] input ids, for exit rules that ask for them (None: embeddings given)
 
     def select_rows(self, rows: torch.Tensor) -> "PassContext":
         """The same context for a subset of the batch (examples that have not exited yet)."""
         pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
         rope = tuple(t.index_select(0, rows) if t.shape[0] > 1 else t for t in self.rope)
         return PassContext(pick(self.x0), pick(self.E0), int(rows.numel()), self.length, self.past,
-                           pick(self.valid), pick(self.key_padding), pick(self.full_mask), rope, self.impl)
+                           pick(self.valid), pick(self.key_padding), pick(self.full_mask), rope, self.impl,
+                           pick(self.ids))
 
 
 @dataclass
@@ -53,7 +53,8 @@ class PassRun:
     the next pass's input ``E`` and active mask ``m`` (A2, A7), exit passes (A8), exit-pass states (A9), gate values
     and their pool (A11), the share of tokens active in each pass, and (on request) every pass's logits.
     ``next_pass`` is the pass the loop would run next (``K + 1`` once it is done); ``subset`` the tokens that pass
-    computes when compacting (A16), None for all of them."""
+    computes when compacting (A16), None for all of them; ``carry`` the exit rule's per-token memory
+    (:class:`~.exit_rules.PassView`)."""
 
     E: torch.Tensor
     active: torch.Tensor
@@ -65,6 +66,7 @@ class PassRun:
     gate_masks: list = dataclasses.field(default_factory=list)
     active_fraction: list = dataclasses.field(default_factory=list)
     pass_logits: list = dataclasses.field(default_factory=list)
+    carry: torch.Tensor | None = None
 
     @classmethod
     def start(cls, ctx: PassContext) -> "PassRun":
@@ -73,14 +75,15 @@ class PassRun:
         return cls(ctx.E0, ones, ones.long())
 
     @classmethod
-    def resume(cls, E, active, exit_pass, h_hat, next_pass: int, compact: bool) -> "PassRun":
+    def resume(cls, E, active, exit_pass, h_hat, next_pass: int, compact: bool,
+               carry: torch.Tensor | None = None) -> "PassRun":
         """A loop stopped before ``next_pass`` (e.g. tokens drafted with the first passes, concatenated along the
         sequence), to be continued over all its tokens at once. ``compact``: the next pass computes only the
         active tokens (no gradients; one host synchronisation here)."""
         subset = TokenSubset.from_mask(active) if compact and not torch.is_grad_enabled() else None
         if subset is not None and subset.num_tokens == active.numel():
             subset = None
-        return cls(E, active, exit_pass, h_hat, next_pass, subset)
+        return cls(E, active, exit_pass, h_hat, next_pass, subset, carry=carry)
 
     def gate_tensors(self, num_passes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``[B, T, K-1]`` gate values and pool mask, zero-padded where the loop stopped before a gate ran."""
@@ -96,22 +99,10 @@ def first_input(x0: torch.Tensor, scale: float) -> torch.Tensor:
     return x0 * scale if scale != 1.0 else x0
 
 
-def goes_on(s: torch.Tensor, tau: float) -> torch.Tensor:
-    """A6: after pass i a token stays active when its gate ``s^i ≥ τ`` (it halts when ``s^i < τ``). Boolean, with
-    no gradient through the indicator."""
-    return (s >= tau).detach()
-
-
-def gate_weighted(e: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
-    """The feedback of A7 for the rows of ``e`` (``[..., d]``): ``s·e``, or ``e`` itself where no gate weighs it
-    (``s`` None: PonderLM, PALBERT's passes, a gate bypassed in the warm-up)."""
-    return e if s is None else e * s.to(e.dtype)[..., None]
-
-
 class SkinnyLinear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
     run by blocks of the weight on the CPU, where MKL's own GEMV is slow (:func:`~.pondering.skinny`). Used for the
-    output head, the gates' input layers and, retyped in place, the backbone layers' linear maps."""
+    output head, the gates' input layers and the backbone layers' linear maps (built as such: :class:`PonderLayer`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return skinny_linear(x, self.weight, self.bias)
@@ -172,5 +163,5 @@ def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) ->
     return torch.where(keep, ordered, torch.zeros_like(ordered)).sum() / n.clamp(min=1).to(flat.dtype)
 
 
-__all__ = ["GateOutput", "GateWarmup", "PassContext", "PassRun", "PonderGate", "SkinnyLinear", "first_input", "gate_weighted", "goes_on",
+__all__ = ["GateOutput", "GateWarmup", "PassContext", "PassRun", "PonderGate", "SkinnyLinear", "first_input",
            "ponder_loss"]

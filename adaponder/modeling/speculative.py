@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .pass_driver import run_passes
 from .pass_step import PassRun
 from .ponder_cache import KVAligner, PonderCache
+from .run_settings import RunSettings, settings_or_default
 
 
 @dataclass(frozen=True)
@@ -101,13 +103,11 @@ def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = Non
 class SelfSpeculativeDecoder:
     """``SelfSpeculativeDecoder(model, SpeculativeConfig(draft_passes=1, draft_tokens=4)).generate(ids, ...)``.
 
-    For ``ponderlm``, ``loop`` and ``adaponder`` models (K ≥ 2). ``halting_threshold``: τ of A6 for this decoder
-    (default: the config's, which is not written).
+    For ``ponderlm``, ``loop`` and ``adaponder`` models (K ≥ 2). ``settings``: the
+    :class:`~.run_settings.RunSettings` of every pass this decoder runs (τ, exit rule, compaction).
     """
 
-    def __init__(self, model, config: SpeculativeConfig | None = None, halting_threshold: float | None = None):
-        from .configuration_adaponder import check_halting_threshold
-
+    def __init__(self, model, config: SpeculativeConfig | None = None, settings: RunSettings | None = None):
         cfg = model.config
         if cfg.mode not in ("ponderlm", "loop", "adaponder") or cfg.num_passes < 2:
             raise ValueError(f"self-speculative decoding needs a looped model (ponderlm, loop or adaponder with "
@@ -115,7 +115,10 @@ class SelfSpeculativeDecoder:
         self.model = model
         self.config = config or SpeculativeConfig()
         self.config.check(cfg.num_passes)
-        self.tau = cfg.halting_threshold if halting_threshold is None else check_halting_threshold(halting_threshold)
+        self.settings = settings_or_default(settings)
+        if self.settings.num_passes(cfg.num_passes) <= self.config.draft_passes:
+            raise ValueError(f"settings.passes ({self.settings.passes}) leaves nothing to verify after "
+                             f"{self.config.draft_passes} draft passes")
         self.stats = SpeculativeStats()
 
     # -- the public call --------------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ class SelfSpeculativeDecoder:
         self.do_sample, self.generator = do_sample, generator
         cache = cache if cache is not None else PonderCache(model.config.num_passes, model.config.num_hidden_layers)
         out = model(input_ids, attention_mask=mask, position_ids=_positions(mask, 0, length), cache=cache,
-                    use_cache=True, halting_threshold=self.tau)
+                    use_cache=True, settings=self.settings)
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
@@ -170,14 +173,15 @@ class SelfSpeculativeDecoder:
         """Draft ``gamma`` tokens after each row's ``pending`` one, verify them, keep the agreed prefix; returns the
         tokens every row adds (``[B, m]``, 1 ≤ m ≤ gamma), the last of them the next pending token."""
         model, P = self.model, self.config.draft_passes
-        n = cache.pass_layer(model.config.num_passes, 0).get_seq_length()  # positions every pass holds
+        K = self.settings.num_passes(model.config.num_passes)
+        n = cache.pass_layer(K, 0).get_seq_length()  # positions every pass this call runs holds
         ids, runs, draft_logp = [pending.reshape(-1)], [], []
         for j in range(gamma):  # 1. draft: passes 1..P, one token per row
             step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], j + 1)], dim=1)
             ctx = model.pass_context(ids[-1][:, None], step_mask, _positions(step_mask, n + j, 1), cache=cache,
                                      past=n + j)
-            run = model.run_passes(ctx, KVAligner(model.config.num_hidden_layers, cache), last=P, tau=self.tau,
-                                   compact_ok=model.config.compact_inference)
+            run = run_passes(model, ctx, KVAligner(model.config.num_hidden_layers, cache), last=P,
+                             settings=self.settings)
             runs.append(run)
             logp = self._warp(model.lm_head(run.h_hat[:, -1]))
             draft_logp.append(logp)
@@ -210,9 +214,10 @@ class SelfSpeculativeDecoder:
             k, v = cache.view(P, layer)
             aligner.fresh[(P, layer)] = (k[:, :, n:n + gamma], v[:, :, n:n + gamma])
         cat = lambda name: torch.cat([getattr(r, name) for r in runs], dim=1)  # noqa: E731
+        carry = cat("carry") if runs[0].carry is not None else None
         run = PassRun.resume(cat("E"), cat("active"), cat("exit_pass"), cat("h_hat"), P + 1,
-                             compact=model.config.compact_inference and ctx.impl != "flash_attention_2")
-        run = model.run_passes(ctx, aligner, run, tau=self.tau, compact_ok=model.config.compact_inference)
+                             compact=self.settings.compact and ctx.impl != "flash_attention_2", carry=carry)
+        run = run_passes(model, ctx, aligner, run, settings=self.settings)
         return self._warp(model.lm_head(run.h_hat))
 
     def _accept(self, drafts, draft_logp, full_logp):

@@ -21,6 +21,7 @@ Methods (``palbert_method``; one switch, one code path — STYLE 8):
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 
@@ -34,7 +35,9 @@ from transformers.utils import ModelOutput
 from adaponder.core_modes import CLASSIFIER_CORE_MODES, classifier_core_mode
 from adaponder.hub import checkpoint_source
 from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
+from adaponder.modeling.exit_rules import ExitRule, PassView
 from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
+from adaponder.modeling.pass_driver import exit_step, feed_back
 from adaponder.palbert.pondernet import (
     EXIT_RULES,
     KL_DIRECTIONS,
@@ -59,6 +62,7 @@ __all__ = [
     "PalbertOutput",
     "PalbertPrediction",
     "AdaPonderForSequenceClassification",
+    "RuleController",
     "last_token_index",
     "offline_exit",
     "predictions_from_outputs",
@@ -248,8 +252,6 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
             source = path
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise FileNotFoundError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
-            import json
-
             with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
                 meta = json.load(fh)
             if meta.get("model_type") == PalbertConfig.model_type:
@@ -309,16 +311,15 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         return head(self.dropout(c))
 
     def _feedback(self, E: Tensor, h_flat: Tensor, pre_flat: Tensor, valid: Tensor) -> Tensor:
-        """The next pass's input: the pondering embedding added (A4, A7 with s = 1) or, in loop mode, the
-        pre-norm hidden state. Padding positions keep their input (nothing real attends to them)."""
+        """The next pass's input (the pass driver's feedback step): the pondering embedding added (A4, A7 with
+        s = 1) or, in loop mode, the pre-norm hidden state. Padding positions keep their input (nothing real
+        attends to them)."""
         batch, length, d = E.shape
-        if self.config.mode == "loop":
-            return pre_flat.view(batch, length, d)
-        if bool(valid.all()):
-            return E + self.core.ponder_from_hidden(h_flat).view(batch, length, d)
+        flat = E.reshape(-1, d)
+        if self.config.mode == "loop" or bool(valid.all()):
+            return feed_back(self.core, flat, hidden=h_flat, state=pre_flat).view(batch, length, d)
         idx = valid.reshape(-1).nonzero().squeeze(1)
-        e = self.core.ponder_from_hidden(h_flat.index_select(0, idx))
-        return E.reshape(-1, d).index_add(0, idx, e.to(E.dtype)).view(batch, length, d)
+        return feed_back(self.core, flat, dest=idx, hidden=h_flat.index_select(0, idx)).view(batch, length, d)
 
     # -- training / offline forward --------------------------------------------------------------
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -364,20 +365,25 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
 
     # -- online inference with early exit (B9) ---------------------------------------------------
     @torch.no_grad()
-    def predict(self, input_ids: Tensor, attention_mask: Tensor | None = None, rule: str = "q", *,
+    def predict(self, input_ids: Tensor, attention_mask: Tensor | None = None, rule: str | ExitRule = "q", *,
                 q: float = 0.5, patience: int | None = None, generator: torch.Generator | None = None,
                 trim: bool = True) -> PalbertPrediction:
         """Run pass by pass; examples that exit leave the batch, so later passes run only for the rest.
 
         ``rule``: ``q`` (B9, threshold ``q``), ``sample`` (PonderNet: Bernoulli(λ_i), ``generator``),
-        ``expectation`` (Σ p_i ŷ_i, all passes), ``last``, ``pabee`` (``patience`` t). With ``trim``,
+        ``expectation`` (Σ p_i ŷ_i, all passes), ``last``, ``pabee`` (``patience`` t), or an
+        :class:`~adaponder.modeling.exit_rules.ExitRule` applied per example (its view: ``logits`` the pass's head
+        outputs, ``hidden`` the pooled vector, ``lambda`` λ_i, ``token_ids`` the pooled token's id). With ``trim``,
         trailing sequence positions that are padding for every remaining row are dropped too (exact:
         attention is causal). The model is put in eval mode for the call.
         """
         cfg = self.config
-        if rule not in EXIT_RULES:
+        if isinstance(rule, ExitRule):
+            if "lambda" in rule.needs and self.lambda_layer is None:
+                raise ValueError(f"{rule!r} needs λ; a '{cfg.palbert_method}' model has no Lambda layer")
+        elif rule not in EXIT_RULES:
             raise ValueError(f"rule must be one of {', '.join(EXIT_RULES)}; got {rule!r}")
-        if rule not in rules_for_method(cfg.palbert_method):
+        elif rule not in rules_for_method(cfg.palbert_method):
             raise ValueError(f"rule {rule!r} needs a Lambda layer; a '{cfg.palbert_method}' model supports "
                              f"{', '.join(rules_for_method(cfg.palbert_method))}")
         if rule == "pabee" and patience is None:
@@ -397,9 +403,13 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         last = last_token_index(attention_mask, batch, ctx.length, ctx.x0.device)
         if trim:
             ctx = _trim_context(ctx, int(last.max()) + 1)
-        ctrl = ExitController(rule, n, batch, q=q, patience=patience, regression=cfg.is_regression,
-                              regression_threshold=cfg.pabee_regression_threshold if cfg.is_regression else None,
-                              generator=generator, device=ctx.x0.device)
+        if isinstance(rule, ExitRule):
+            ids = input_ids[torch.arange(batch, device=last.device), last] if input_ids is not None else None
+            ctrl = RuleController(rule, n, batch, ids, device=ctx.x0.device)
+        else:
+            ctrl = ExitController(rule, n, batch, q=q, patience=patience, regression=cfg.is_regression,
+                                  regression_threshold=cfg.pabee_regression_threshold if cfg.is_regression else None,
+                                  generator=generator, device=ctx.x0.device)
         E, c_prev = ctx.E0, None
         outputs = torch.zeros(batch, cfg.num_labels, device=ctx.x0.device)
         pass_rows = token_rows = 0
@@ -411,7 +421,7 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
             c = self._pool(h_flat, ctx.batch, ctx.length, last)
             out_i = self._head(i, c).float()
             lam = self.lambda_layer(c, c_prev).float() if self.lambda_layer is not None and i < n else None
-            exits = ctrl.step(lambdas=lam, preds=out_i)
+            exits = ctrl.step(lambdas=lam, preds=out_i, **({"hidden": c} if isinstance(ctrl, RuleController) else {}))
             if rule != "expectation":
                 outputs[rows[exits]] = out_i[exits]
             if ctrl.done:
@@ -437,6 +447,44 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         return PalbertPrediction(outputs, preds, ctrl.exit_idx + 1, pass_rows, token_rows)
 
 
+class RuleController:
+    """:class:`~adaponder.palbert.pondernet.ExitController`'s interface for an exit rule object: per example, one
+    pass at a time, through the pass driver's exit step (so the rule's answer becomes an exit exactly as it does
+    for a token of the LM)."""
+
+    def __init__(self, rule: ExitRule, num_passes: int, batch_size: int, token_ids: Tensor | None, device=None):
+        self.rule, self.num_passes = rule, num_passes
+        self.active = torch.arange(batch_size, device=device)
+        self.exit_idx = torch.full((batch_size,), -1, dtype=torch.long, device=device)
+        self.pass_idx = 0
+        self.token_ids = token_ids
+        self.carry: Tensor | None = None
+        self.expected = None
+
+    @property
+    def done(self) -> bool:
+        return self.active.numel() == 0 or self.pass_idx >= self.num_passes
+
+    def step(self, *, lambdas: Tensor | None = None, preds: Tensor | None = None,
+             hidden: Tensor | None = None) -> Tensor:
+        n = self.active.numel()
+        needs = self.rule.needs
+        view = PassView(pass_idx=self.pass_idx + 1, num_passes=self.num_passes,
+                        active=torch.ones(n, dtype=torch.bool, device=self.active.device),
+                        logits=preds if "logits" in needs else None, hidden=hidden if "hidden" in needs else None,
+                        lam=None if lambdas is None else lambdas.reshape(-1),
+                        token_ids=None if self.token_ids is None else self.token_ids[self.active], carry=self.carry)
+        exits = ~exit_step(self.rule, view, last=self.pass_idx == self.num_passes - 1)
+        self.carry = view.next_carry
+        self.exit_idx[self.active[exits]] = self.pass_idx
+        keep = ~exits
+        self.active = self.active[keep]
+        if self.carry is not None:
+            self.carry = self.carry[keep]
+        self.pass_idx += 1
+        return exits
+
+
 def _trim_context(ctx: PassContext, length: int) -> PassContext:
     """The context restricted to the first ``length`` positions (no-op when already that short)."""
     if length >= ctx.length:
@@ -445,7 +493,8 @@ def _trim_context(ctx: PassContext, length: int) -> PassContext:
     mask = ctx.full_mask[..., :length, :ctx.past + length] if ctx.full_mask is not None else None
     kp = ctx.key_padding[:, :ctx.past + length] if ctx.key_padding is not None else None
     return dataclasses.replace(ctx, x0=cut(ctx.x0), E0=cut(ctx.E0), length=length, valid=cut(ctx.valid),
-                               key_padding=kp, full_mask=mask, rope=tuple(t[:, :length] for t in ctx.rope))
+                               key_padding=kp, full_mask=mask, rope=tuple(t[:, :length] for t in ctx.rope),
+                               ids=cut(ctx.ids))
 
 
 # ----------------------------------------------------------------------------------- offline exit rules

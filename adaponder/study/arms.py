@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 from adaponder.jsonio import json_safe, write_json_atomic
+from adaponder.modeling.exit_rules import NoHalting
+from adaponder.modeling.run_settings import RunSettings
 from adaponder.run_lock import lock_folder
 
 from .config import StudyConfig
@@ -190,8 +192,9 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         pruning = {}
         for rule in FIXED_RULES if cfg.eval.perplexity_controls else ():
             if 1.0 < mean_exit < K:
-                runs = [summarize(score_documents(model, docs, halting_policy=make_policy(rule, K, mean_exit, seed=s),
-                                                  **score_kw), docs, model) for s in cfg.eval.pruning_seeds]
+                runs = [summarize(score_documents(model, docs, settings=RunSettings(
+                    exit_rule=make_policy(rule, K, mean_exit, seed=s)), **score_kw), docs, model)
+                    for s in cfg.eval.pruning_seeds]
                 # the first seed's full summary, plus every seed's perplexity (the control's own noise)
                 pruning[rule] = json_safe({**runs[0], "ppl_seeds": [r["ppl"] for r in runs],
                                         "mean_exit_seeds": [r["mean_exit"] for r in runs]})
@@ -199,7 +202,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         if cfg.eval.perplexity_controls:
             out["tau_dial"] = json_safe(sweep_tau(model, docs, cfg.eval.taus, **score_kw))
         # Reference points on the same trained model: no halting (every token runs K passes).
-        out["no_halting"] = json_safe(summarize(score_documents(model, docs, halting_policy=_never_halt, **score_kw),
+        out["no_halting"] = json_safe(summarize(score_documents(model, docs, settings=_NEVER_HALT, **score_kw),
                                              docs, model))
     from adaponder.data.reasoning import has_token_labels
 
@@ -210,7 +213,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                                                           pruning_seeds=cfg.eval.pruning_seeds))
         if model.config.gated:
             out["difficulty_no_halting"] = json_safe(evaluate_difficulty(
-                model, data_dir, tok, batch_size=cfg.eval.batch_size, halting_policy=_never_halt))
+                model, data_dir, tok, batch_size=cfg.eval.batch_size, settings=_NEVER_HALT))
             out["difficulty_tau"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus,
                                                                 batch_size=cfg.eval.batch_size))
         if has_token_labels(data_dir, "dev"):
@@ -224,8 +227,8 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     return out
 
 
-def _never_halt(pass_idx, active, s, valid):
-    return active
+#: Every token runs K passes (the gates still weigh the feedback).
+_NEVER_HALT = RunSettings(exit_rule=NoHalting())
 
 
 def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, data_seed: int | None = None,

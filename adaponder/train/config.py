@@ -40,6 +40,7 @@ import yaml
 from pydantic import Field
 
 from adaponder import typed_config
+from adaponder.modeling.run_settings import LEGACY_CONFIG_KEYS, RunSettings
 from adaponder.data.config import DataConfig, resolve_data_format
 from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
                                     StepsOrFraction, UnitFloat)
@@ -255,21 +256,31 @@ class ModelSection:
     def recurrence(self) -> str:
         return self.mode or "adaponder"
 
+    @property
+    def model_fields(self) -> dict[str, Any]:
+        """The fields that define the model (the run-time settings this section may also name left out)."""
+        return {k: v for k, v in self.fields.items() if k not in LEGACY_CONFIG_KEYS}
+
+    def run_settings(self) -> RunSettings:
+        """How training runs the model: ``halting_threshold`` (τ), ``compact_inference``, ``ponder_chunk_size`` and
+        ``ponder_recompute`` as this section names them (each a :class:`RunSettings` field; never model config)."""
+        return RunSettings.from_legacy(self.fields)
+
     def model_config(self, source: str | None = None):
         """The :class:`AdaPonderConfig` of a fresh model: the ``size`` preset with the other keys, or the keys as a
         full configuration."""
         from adaponder.modeling import AdaPonderConfig, pythia_config
 
         if self.size is not None:
-            return pythia_config(str(self.size), self.recurrence, **self.fields)
-        values = {k: v for k, v in self.to_mapping().items() if k != "size"}
+            return pythia_config(str(self.size), self.recurrence, **self.model_fields)
+        values = {k: v for k, v in self.to_mapping().items() if k != "size" and k not in LEGACY_CONFIG_KEYS}
         return AdaPonderConfig.from_mapping(values, source=source)
 
     def backbone_overrides(self) -> tuple[str, dict[str, Any]]:
         """(mode, overrides) for :meth:`AdaPonderForCausalLM.from_backbone` (continued pretraining): shape keys
         set to null (``--set model.size=null``) are left out."""
         shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        return self.recurrence, {k: v for k, v in self.fields.items() if not (k in shape and v is None)}
+        return self.recurrence, {k: v for k, v in self.model_fields.items() if not (k in shape and v is None)}
 
 
 @dataclass
@@ -314,6 +325,10 @@ class TrainConfig:
         """(mode, overrides) for :meth:`AdaPonderForCausalLM.from_backbone` (continued pretraining)."""
         return self.model.backbone_overrides()
 
+    def run_settings(self) -> RunSettings:
+        """The :class:`RunSettings` the training forward and validation run with (from the ``model:`` section)."""
+        return self.model.run_settings()
+
     def fingerprint(self) -> str:
         what = self.to_dict()
         # A permission for one resume, not part of what the run is (and fingerprints on disk predate it).
@@ -352,6 +367,9 @@ def _model_problems(values: Any, has_backbone: bool) -> list[str]:
             return [f"model.size: {err.args[0]}"]
     elif not values:
         return ["model: give a Pythia preset (model.size: 70m, ..., tiny) or a full model configuration"]
+    problem = _run_settings_problem(values)
+    if problem:
+        return [f"model: {problem}"]
     try:
         ModelSection.from_mapping(values).model_config()
     except AdaPonderConfigError as err:
@@ -612,6 +630,15 @@ def schedule_findings(cfg: TrainConfig, plan: RunPlan) -> tuple[list[str], list[
         problems.append(f"train.stop_at: step {t.stop_at} is beyond the run's {total} steps: the run would "
                         f"finish at step {total} without stopping there; lower train.stop_at or leave it out")
     return problems, warnings
+
+
+def _run_settings_problem(fields: Mapping[str, Any]) -> str | None:
+    """What is wrong with the run-time settings a ``model:`` section names (τ outside (0, 1), …), or None."""
+    try:
+        RunSettings.from_legacy(fields)
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return None
 
 
 __all__ = ["TrainConfig", "TrainConfigError", "RunPlan", "load_config", "config_from_dict", "apply_overrides",

@@ -45,6 +45,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from adaponder.modeling.run_settings import RunSettings
+
 from .config import TrainConfig, TrainConfigError, backbone_shape, plan_run
 from .peak import cuda_peak
 
@@ -130,8 +132,11 @@ def _dtype_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def activation_bytes(mc, micro_batch: int, seq_len: int, precision: str, checkpointing: bool) -> float:
-    """Bytes autograd keeps at the end of one training forward (see the module doc), plus the loss gradients."""
+def activation_bytes(mc, micro_batch: int, seq_len: int, precision: str, checkpointing: bool,
+                     settings: RunSettings | None = None) -> float:
+    """Bytes autograd keeps at the end of one training forward (see the module doc), plus the loss gradients;
+    ``settings``: the training forward's (whether pondering probabilities are recomputed)."""
+    settings = settings or RunSettings()
     a = _dtype_bytes(precision)
     d, f, L, K, h, V = (mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.num_passes,
                         mc.num_attention_heads, mc.vocab_size)
@@ -146,7 +151,7 @@ def activation_bytes(mc, micro_batch: int, seq_len: int, precision: str, checkpo
         between = 2 * d * a  # final-norm output (read by head, gate and pondering) + pondering embedding e
         if mc.gated:
             between += 2 * mc.gate_hidden_mult * d * a + 4 + 4 + a  # gate MLP activations, s, m·s
-        if not mc.ponder_recompute:
+        if not settings.recompute:
             between += V * 4  # probabilities kept for backward
     per_pass = d * a + 2 * 4  # final layer norm input + statistics
     if mc.mode == "loop":  # ... which is the next pass's input there, already counted with the layers
@@ -164,12 +169,13 @@ def activation_bytes(mc, micro_batch: int, seq_len: int, precision: str, checkpo
     return positions * per_position + loss
 
 
-def workspace_bytes(mc, micro_batch: int, seq_len: int, precision: str) -> float:
+def workspace_bytes(mc, micro_batch: int, seq_len: int, precision: str, settings: RunSettings | None = None) -> float:
     """The pondering/loss probability blocks and one layer's gradients in flight during backward."""
+    settings = settings or RunSettings()
     a = _dtype_bytes(precision)
     d, f, V = mc.hidden_size, mc.intermediate_size, mc.vocab_size
     rows = micro_batch * seq_len
-    cap = mc.ponder_chunk_size or max(1, BLOCK_ENTRIES // V)
+    cap = settings.chunk_size or max(1, BLOCK_ENTRIES // V)
     block = min(rows, cap) * V * (4 + (a if a != 4 else 0))
     positions = rows * (mc.num_pauses + 1)
     in_flight = positions * (f + 3 * d) * a  # one f-wide and three d-wide gradients of the layer in backward
@@ -212,7 +218,7 @@ def state_bytes(n_params: float, zero_stage: int, precision: str, world: int, of
 
 
 def memory(mc, n_params: int, *, micro_batch: int, seq_len: int, zero_stage: int, precision: str, world: int,
-           checkpointing: bool, offload: bool = False) -> Memory:
+           checkpointing: bool, offload: bool = False, settings: RunSettings | None = None) -> Memory:
     """The per-rank memory of one configuration (bytes)."""
     w = _dtype_bytes(precision)
     bucket = min(5e8, math.ceil(n_params / 2**20) * 2**20)  # as build_ds_config sizes DeepSpeed's buckets
@@ -222,8 +228,8 @@ def memory(mc, n_params: int, *, micro_batch: int, seq_len: int, zero_stage: int
         layer = 4 * d * d + 2 * d * mc.intermediate_size
         gathered = (2 * V * d + bucket / 10 + 2 * layer) * w
     s = state_bytes(n_params, zero_stage, precision, world, offload, bucket, gathered)
-    acts = activation_bytes(mc, micro_batch, seq_len, precision, checkpointing)
-    ws = workspace_bytes(mc, micro_batch, seq_len, precision)
+    acts = activation_bytes(mc, micro_batch, seq_len, precision, checkpointing, settings)
+    ws = workspace_bytes(mc, micro_batch, seq_len, precision, settings)
     persistent = s["params"] + s["optimizer"] + s["buffers"] + s["persistent_grads"]
     transient_grads = s["grads"] - s["persistent_grads"]
     peak = persistent + max(acts + ws, transient_grads + s["step_temps"])
@@ -336,7 +342,8 @@ def make_plan(cfg: TrainConfig, gpus: int, device: Device, *, mfu: float = 0.4, 
 
     def estimate(b, ckpt):
         return memory(mc, n, micro_batch=b, seq_len=rp.seq_len, zero_stage=ds.zero_stage, precision=prec,
-                      world=gpus, checkpointing=ckpt, offload=ds.offload_optimizer != "none")
+                      world=gpus, checkpointing=ckpt, offload=ds.offload_optimizer != "none",
+                      settings=cfg.run_settings())
 
     fwd_backbone = flops["backbone"] / 3  # recomputed once per step under per-pass checkpointing
     for name, ckpt in variants.items():

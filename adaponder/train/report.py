@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from adaponder.modeling.exits import exit_counts
+from adaponder.modeling.run_settings import RunSettings
 
 #: The FLOPs baseline of the training reports, printed with their numbers. (The evaluation reports,
 #: :mod:`adaponder.evaluation`, state FLOPs as "× one pass" instead.)
@@ -29,11 +30,12 @@ def eval_vector(k_passes: int, device="cpu") -> torch.Tensor:
 
 
 @torch.no_grad()
-def eval_batch(call: Callable, x: torch.Tensor, vec: torch.Tensor, k_passes: int, compact: bool | None = None) -> None:
-    """Run ``call(input_ids=..., shift_labels=..., use_cache=False, return_logits=False, compact=compact)`` (an
+def eval_batch(call: Callable, x: torch.Tensor, vec: torch.Tensor, k_passes: int,
+               settings: RunSettings | None = None) -> None:
+    """Run ``call(input_ids=..., shift_labels=..., use_cache=False, return_logits=False, settings=settings)`` (an
     :class:`AdaPonderForCausalLM` or its DeepSpeed engine) on one packed batch ``x`` [B, T+1] and accumulate
     token-weighted CE and the exit passes into ``vec``."""
-    out = call(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False, compact=compact)
+    out = call(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False, settings=settings)
     n = x[:, 1:].numel()
     vec[_CE] += out.loss.double() * n
     vec[_TOK] += n

@@ -21,6 +21,7 @@ run harness's (:mod:`.harness`, shared with fine-tuning); the signal handlers, l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from adaponder.errors import OutputError, writing
+from adaponder.modeling.run_settings import RunSettings
 
 from . import metrics as M
 from .checkpoint import CheckpointError, read_latest
@@ -81,6 +83,12 @@ class Trainer(RunHarness):
         super().__init__(resume)
         self.cfg = cfg
         self.schedule_changes: list[str] = []  # allowed by train.allow_schedule_change on resume
+
+    @functools.cached_property
+    def run_settings(self) -> RunSettings:
+        """How the training forward and validation run the model (τ, compaction, chunking): never its config. Read
+        from the config when first needed (set-up), so that a trainer is built before its configuration is checked."""
+        return self.cfg.run_settings()
 
     # ---- set-up hooks ---------------------------------------------------------------------------------
     def run_folders(self) -> tuple[Path, Path]:
@@ -134,7 +142,7 @@ class Trainer(RunHarness):
         self.consecutive_skips = 0
         self.skipped_total = 0
         self._skipped_window = 0  # skipped steps since the last train record
-        self.gate_watch = GateWatch(float(self.model.config.halting_threshold), self.plan.s0)
+        self.gate_watch = GateWatch(self.run_settings.tau, self.plan.s0)
 
     def run_info(self) -> dict[str, Any]:
         return {**self.cfg.to_dict(), "plan": vars(self.plan)}
@@ -307,7 +315,7 @@ class Trainer(RunHarness):
             g["lr"] = lr
         ps = ponder_schedule(step, s0=plan.s0, s1=plan.s1, k_max=cfg.schedule.k_max, weight=cfg.schedule.ponder_weight)
         gw = gate_warmup(step, regime=cfg.schedule.gate_warmup, s0=plan.s0, s1=plan.s1, floor=cfg.schedule.gate_floor,
-                         tau=self.model.config.halting_threshold) if self.gated else None
+                         tau=self.run_settings.tau) if self.gated else None
         st = self._set_stage(step, gates_bypassed=gw is not None and gw.bypass)
         warmup_kw = {} if gw is None else {"gate_warmup": gw}
 
@@ -319,7 +327,7 @@ class Trainer(RunHarness):
             if cfg.debug.trace_batches:
                 self._trace(step, x)
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
-                         **warmup_kw)
+                         settings=self.run_settings, **warmup_kw)
             loss, lm, pl = training_loss(out, ps)
             M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
             engine.backward(loss)
@@ -356,7 +364,7 @@ class Trainer(RunHarness):
         logged = (step + 1) % cfg.logging.every == 0 or step + 1 == plan.total_steps
         if logged and out.gate_values is not None:  # the last micro-batch's gates (a host read: logged steps only)
             result["gate_median"], result["gate_halt_share"] = gate_stats(
-                out.gate_values, out.gate_mask, self.model.config.halting_threshold)
+                out.gate_values, out.gate_mask, self.run_settings.tau)
         return result
 
     @staticmethod
@@ -389,7 +397,7 @@ class Trainer(RunHarness):
         model = engine.module
         zero3 = cfg.deepspeed.zero_stage == 3
         # Under ZeRO-3 every rank must run the same module sequence (parameter all-gathers): no early exit.
-        compact = False if zero3 else None
+        settings = self.run_settings.replace(compact=False) if zero3 else self.run_settings
         engine.eval()
         vec = eval_vector(self.k_passes, self.device)
         mb = cfg.eval.micro_batch or self.plan.micro_batch
@@ -401,10 +409,10 @@ class Trainer(RunHarness):
             for x, counted in tqdm(deal(batches, self.rank, self.world_size), desc="validation", unit="batch",
                                    total=max_batches, disable=not shown, leave=False):
                 if counted:
-                    eval_batch(engine, x.to(self.device), vec, self.k_passes, compact)
+                    eval_batch(engine, x.to(self.device), vec, self.k_passes, settings)
                 elif zero3:  # the same number of forward calls on every rank (each gathers parameters); discarded
                     eval_batch(engine, x.to(self.device), eval_vector(self.k_passes, self.device), self.k_passes,
-                               compact)
+                               settings)
         finally:
             engine.train()
         if dist.is_initialized() and self.world_size > 1:
@@ -515,7 +523,7 @@ class Trainer(RunHarness):
         rec.update({f"train_{k}": v for k, v in
                     compute_saved(self.model, res["exit_hist"], self.plan.seq_len).items() if k == "flops_saved"})
         if self.gated:
-            rec["tau"] = float(self.model.config.halting_threshold)
+            rec["tau"] = self.run_settings.tau
         self.sink.log(rec, M.train_line(self.step, self.plan.total_steps, rec))
         self.throughput.reset()
         self._skipped_window = 0

@@ -1,0 +1,215 @@
+"""Exit rules: which elements stop after pass i, given what the pass produced.
+
+An element is whatever the caller's layout runs a pass over: a token of the ``[B, T]`` grid (training forward,
+prefill, cached and self-speculative decoding), a row of the depth-batched decoder (one token per sequence, each at
+its own pass), or a pooled example of the PALBERT classifier. The pass driver (:mod:`.pass_driver`) hands a rule a
+:class:`PassView` holding, for the elements that ran the pass, only what the rule says it ``needs``; the rule
+answers with a boolean tensor of the same shape, True where the element stops after this pass. The driver alone
+turns that answer into the next active mask (monotone; every element stops after the last pass) — rules never see
+or write the mask themselves.
+
+Rules here: :class:`ThresholdExit` (the paper's gate rule, A6), :class:`NoHalting`, :class:`FixedPruning` (the
+iso-FLOPs control: random subsets with per-pass rates, see ``adaponder.evaluation.pruning`` for the target
+histograms) and :class:`QExit` (PALBERT's Q-exit, B9, per example or per token).
+
+This file travels with saved checkpoints (``auto_map``): standard library and torch only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+#: What a rule may ask the driver for (``ExitRule.needs``):
+#:   ``gate``: s^i of A5 (None for models without gates);
+#:   ``logits``: the pass's logits z^i (LM head over the hidden state; the classifier's head output);
+#:   ``hidden``: the pass's final-LN hidden state (the LM) or pooled vector c_i (the classifier);
+#:   ``lambda``: the halting probability λ_i of B3 (the classifier's Lambda layer);
+#:   ``token_ids``: the input id of each element (the classifier: the id of the pooled, last real token);
+#:   ``valid``: True where the element is not padding.
+NEEDS = frozenset({"gate", "logits", "hidden", "lambda", "token_ids", "valid"})
+
+
+@dataclass
+class PassView:
+    """What one pass produced, for the elements that ran it (shapes: the layout's, e.g. ``[B, T]``, ``[n]``, ``[B]``;
+    vectors add a last dimension). Fields a rule did not ask for are None.
+
+    ``pass_idx``: the pass just run, 1-based — an int, or an integer tensor of the layout's shape when elements sit
+    at different passes (depth-batched decoding). ``active``: the elements that ran this pass (a rule's answer is
+    only read there). ``carry``: the rule's own per-element memory from the previous pass (None at pass 1; see
+    :meth:`ExitRule.stops`)."""
+
+    pass_idx: int | torch.Tensor
+    num_passes: int
+    active: torch.Tensor
+    gate: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    lam: torch.Tensor | None = None
+    token_ids: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    carry: torch.Tensor | None = None
+    #: set by a rule with memory (``ExitRule.carries``): its memory for the next pass, in the same layout
+    next_carry: torch.Tensor | None = None
+
+
+@runtime_checkable
+class ExitRule(Protocol):
+    """The protocol: ``needs`` (a subset of :data:`NEEDS`) and ``stops(view) -> bool tensor`` (True: stops after
+    ``view.pass_idx``). A rule whose decision depends on earlier passes sets ``carries = True``, reads
+    ``view.carry`` and writes ``view.next_carry``; the layout keeps it aligned with its elements."""
+
+    needs: frozenset
+
+    def stops(self, view: PassView) -> torch.Tensor: ...
+
+
+class ThresholdExit:
+    """A6: after pass i a token stops when its gate ``s^i < τ``. A model without gates never stops early."""
+
+    needs = frozenset({"gate"})
+    carries = False
+
+    def __init__(self, tau: float):
+        self.tau = check_tau(tau)
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        if view.gate is None:
+            return torch.zeros_like(view.active)
+        # "not s ≥ τ" rather than "s < τ": a NaN gate stops (it cannot be trusted to ponder on)
+        return ~(view.gate >= self.tau).detach()
+
+    def __repr__(self) -> str:
+        return f"ThresholdExit(tau={self.tau:g})"
+
+
+class NoHalting:
+    """Every element runs every pass (the gates still weigh the feedback, A7)."""
+
+    needs = frozenset()
+    carries = False
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        return torch.zeros_like(view.active)
+
+    def __repr__(self) -> str:
+        return "NoHalting()"
+
+
+class FirstPassOnly:
+    """Every element stops after pass 1 (the "first pass only" reference of the reports)."""
+
+    needs = frozenset()
+    carries = False
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        return torch.ones_like(view.active)
+
+    def __repr__(self) -> str:
+        return "FirstPassOnly()"
+
+
+class FixedPruning:
+    """Fixed pruning, the iso-FLOPs control: after pass i, ``round(h_i · n)`` of the n active, non-padding elements
+    (stochastically rounded, so the expected count is exact) stop, chosen uniformly at random with a seeded generator.
+    Gate values play no part in the decision (the model still weighs the feedback of the elements that go on by their
+    gate, A7). :meth:`reset` restarts the stream, so repeated evaluations draw the same subsets.
+    ``adaponder.evaluation.pruning.fixed_pruning`` builds one whose exit-pass histogram is uniform or geometric."""
+
+    needs = frozenset({"valid"})
+    carries = False
+
+    def __init__(self, rates: Sequence[float], seed: int = 0, rule: str = "custom",
+                 histogram: Sequence[float] | None = None):
+        self.rates = [float(r) for r in rates]
+        self.seed = int(seed)
+        self.rule = rule
+        self.histogram = list(histogram) if histogram is not None else None
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.seed = int(seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        stop = torch.zeros_like(view.active)
+        if not isinstance(view.pass_idx, int):
+            raise ValueError("fixed pruning draws per pass over a whole batch; it needs every element at one pass")
+        if view.pass_idx > len(self.rates):
+            return stop
+        rate = self.rates[view.pass_idx - 1]
+        eligible = view.active if view.valid is None else view.active & view.valid
+        candidates = eligible.reshape(-1).nonzero().squeeze(-1)
+        n = int(candidates.numel())
+        if n == 0 or rate <= 0.0:
+            return stop
+        expected = rate * n
+        n_halt = int(math.floor(expected))
+        if torch.rand((), generator=self.generator).item() < expected - n_halt:
+            n_halt += 1
+        n_halt = min(n_halt, n)
+        if n_halt:
+            pick = torch.randperm(n, generator=self.generator)[:n_halt].to(candidates.device)
+            stop.view(-1)[candidates[pick]] = True
+        return stop
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{r:.4f}" for r in self.rates)
+        return f"FixedPruning(rule={self.rule!r}, rates=[{rates}], seed={self.seed})"
+
+
+class QExit:
+    """PALBERT's Q-exit (B9): stop at the first pass whose cumulative exit probability ``Σ_{j≤i} p_j`` exceeds ``q``,
+    with ``p_i = λ_i ∏_{j<i}(1 − λ_j)`` (B4). The running survival ``∏(1 − λ_j)`` is the rule's per-element memory,
+    added in pass order as :func:`adaponder.palbert.pondernet.q_exit` adds it, so online and offline exits agree.
+
+    Per example (the classifier) λ comes from the model's Lambda layer (``needs`` ``lambda``). Per token (the LM,
+    which has no Lambda layer) give the rule a ``head`` of its own: a module mapping the pass's hidden state
+    ``[..., d]`` to a halting logit ``[..., 1]`` (or ``[...]``); then it needs ``hidden`` instead."""
+
+    carries = True
+
+    def __init__(self, q: float = 0.5, head: torch.nn.Module | None = None):
+        self.q = float(q)
+        self.head = head
+        self.needs = frozenset({"hidden"}) if head is not None else frozenset({"lambda"})
+
+    def halting_probability(self, view: PassView) -> torch.Tensor:
+        if self.head is None:
+            if view.lam is None:
+                raise ValueError("QExit without a head needs λ from the model (a Lambda layer)")
+            return view.lam.float()
+        logit = self.head(view.hidden).float()
+        return torch.sigmoid(logit.squeeze(-1) if logit.dim() == view.active.dim() + 1 else logit)
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        lam = self.halting_probability(view).reshape(view.active.shape)
+        if view.carry is None:  # (∏_{j<i}(1 − λ_j), Σ_{j<i} p_j) per element
+            survival, cdf = torch.ones_like(lam), torch.zeros_like(lam)
+        else:
+            survival, cdf = view.carry.unbind(-1)
+        p_i = survival * lam
+        cdf = cdf + p_i
+        view.next_carry = torch.stack([survival * (1 - lam), cdf], dim=-1)
+        return cdf > self.q
+
+    def __repr__(self) -> str:
+        return f"QExit(q={self.q:g}{', head' if self.head is not None else ''})"
+
+
+def check_tau(tau: float) -> float:
+    """τ of A6 as a float, or ``ValueError``: a token stops when ``s < τ`` and ``s`` lies in (0, 1), so τ outside
+    (0, 1) would stop every token or none."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau < 1.0:
+        raise ValueError(f"τ (tau, the halting threshold of A6) must lie in (0, 1), got {tau}")
+    return float(tau)
+
+
+__all__ = ["NEEDS", "ExitRule", "FirstPassOnly", "FixedPruning", "NoHalting", "PassView", "QExit", "ThresholdExit",
+           "check_tau"]
