@@ -153,7 +153,7 @@ def _acc_cells(levels: Sequence[Mapping]) -> str:
 
 # -- plots -------------------------------------------------------------------------------------------------
 def _seeds_label(arm: str, runs: Sequence) -> str:
-    return f"{arm} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+    return f"{arm} ({len(runs)} run{'s' if len(runs) > 1 else ''})"
 
 
 def _dodge(i: int, n: int, width: float = 0.3) -> float:
