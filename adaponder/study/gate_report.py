@@ -71,8 +71,9 @@ def draw_gate_curves(results: Sequence[Mapping], note: str):
     for ax in axes[:, 0]:
         readable_log_ticks(ax, "y")  # shared y: one locator serves every panel
         ax.set_ylabel("median gate value s", fontsize=8)
-    for ax in axes[-1, :]:
-        ax.set_xlabel("step", fontsize=8)
+    for col in range(ncols):  # the lowest panel shown in each column (the last row may be short)
+        rows_shown = [row for row in range(nrows) if row * ncols + col < len(shown)]
+        axes[rows_shown[-1], col].set_xlabel("step", fontsize=8)
     handles, labels = unique_handles(*axes.flat[:len(shown)])  # warm-up shading may appear on a later panel only
     fig.suptitle("Gates during training: median gate value per gate (log scale)", fontsize=10)
     legend_outside(axes[0, -1], handles, labels)

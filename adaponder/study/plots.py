@@ -274,6 +274,7 @@ def draw_training_curves(results: Sequence[Mapping], note: str):
     seeds = sorted({r["seed"] for r in results})
     end = max((max(_curve(r)[0], default=0.0) for r in results), default=0.0)
     close, margin = _closest_runs(results, end / 2)
+    labelled: set[str] = set()
     for r in results:
         xs, ys = _curve(r)
         i = arms.index(r["arm"])
@@ -281,7 +282,9 @@ def draw_training_curves(results: Sequence[Mapping], note: str):
         style = dict(ls="-" if r["seed"] == seeds[0] else "--", color=arm_color(r["arm"]), lw=1.1,
                      marker=LINE_MARKERS[i % len(LINE_MARKERS)], ms=5, markevery=(i % step, step),
                      markerfacecolor="none",
-                     label=result_id(r))
+                     # one legend entry per arm: with seeds × data draws the runs of an arm share its colour
+                     label=r["arm"] if r["arm"] not in labelled else "_nolegend_")
+        labelled.add(r["arm"])
         ax.plot(xs, ys, **style)
         if any(r is c for c in close):
             zx.plot(xs, ys, **{**style, "markevery": (i % max(1, step // 2), max(1, step // 2))})
