@@ -494,7 +494,7 @@ def main(argv=None):
 def _check_arguments(args) -> None:
     """Every list and count of the command line checked before any model is built: one ``error:`` line naming
     the argument, the value and what was expected, and exit code 2."""
-    from adaponder.cli.arg_checks import number_list
+    from adaponder.arg_checks import number_list
     from adaponder.errors import UsageError
 
     try:

@@ -23,7 +23,7 @@ def parse_taus(text: str | Sequence[float] | None) -> list[float]:
     if text is None:
         return list(DEFAULT_TAUS)
     if isinstance(text, str):  # a command-line list: a bad item is named with the argument
-        from adaponder.cli.arg_checks import number_list
+        from adaponder.arg_checks import number_list
 
         vals = number_list(text, "--taus", float, what="τ", check=lambda t: not halting_threshold_problem(t),
                            expected="comma-separated numbers in (0, 1), e.g. 0.5,0.7,0.9")
