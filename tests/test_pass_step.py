@@ -14,7 +14,8 @@ from adaponder.modeling.pass_driver import exit_step, feed_back
 from adaponder.modeling.pass_step import first_input
 from adaponder.modeling.pondering import pondering_from_logits
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.palbert.classifier import AdaPonderForSequenceClassification, PalbertConfig
+from adaponder.palbert.classifier import (AdaPonderForSequenceClassification, PalbertConfig, PooledLayout,
+                                         last_token_index)
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=64)
@@ -116,7 +117,11 @@ def test_the_classifier_feeds_back_by_the_pass_step():
     valid = torch.ones(2, 6, dtype=torch.bool)
     valid[1, :2] = False  # left padding in the second row: its input is kept
     e = clf.core.ponder_from_hidden(h).reshape(2, 6, 32)
+    ids = torch.randint(0, SHAPE["vocab_size"], (2, 6), generator=g)
+    ctx = clf.core.pass_context(ids, valid.long())
+    layout = PooledLayout(clf, ctx, last_token_index(valid.long(), 2, 6, E.device), training=True)
+    layout.E, layout.i, layout.c = E, 1, None
     with torch.no_grad():
-        out = clf._feedback(E, h, h, valid)
+        out = feed_back(clf.core, **layout.feedback(h, h, None)).view(2, 6, 32)
     torch.testing.assert_close(out[valid], (E + gate_weighted(e, None))[valid])
     assert torch.equal(out[~valid], E[~valid])

@@ -45,7 +45,7 @@ from transformers import AttentionInterface
 from .attention import ROW_ATTENTION
 from .exit_rules import PassView
 from .input_checks import check_generation_length
-from .pass_driver import exit_step, feed_back
+from .pass_driver import drive
 from .pass_step import first_input
 from .ponder_cache import PonderCache, starts_at
 from .run_settings import RunSettings, settings_or_default
@@ -226,7 +226,6 @@ class DepthBatchedDecoder:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         batch, length = input_ids.shape
         K = self.settings.num_passes(cfg.num_passes)
-        rule = self.settings.rule
         room = max_new_tokens if max_ticks is None else min(max_new_tokens, max_ticks + 1)
         need = length + room  # positions the generation can reach
         check_generation_length(cfg.max_position_embeddings, length, room, None)
@@ -234,120 +233,15 @@ class DepthBatchedDecoder:
             prefill = self.prefill(input_ids, min(need, length + self.GROWTH))
         elif not isinstance(prefill, DecoderPrefill):
             prefill = self.prepare(prefill, min(need, length + self.GROWTH))
-        out = prefill.output
-        kv = TickKV(prefill.keys_t, prefill.values)
-        heads = cfg.num_attention_heads
-        layout = dict(batch=prefill.values.shape[2], heads=heads, head_dim=cfg.hidden_size // heads)
-        gates = TickGates(model.gates) if len(model.gates) else None
-        device = input_ids.device
-        tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
-        exits = [[d] for d in out.exit_pass[:, -1].tolist()]
-
-        live = [b for b in range(batch) if not self._done(tokens[b], max_new_tokens, eos_token_id)]
-        passes = [1] * len(live)
-        positions = [length] * len(live)
-        embed = model.gpt_neox.embed_in
-        E = self._first_input(embed, [tokens[b][-1] for b in live], device)
-        carry = None  # the exit rule's per-row memory (rows at pass 1 start afresh)
-        ticks = token_passes = pondering_ticks = gate_runs = attended = 0
-        while live and (max_ticks is None or ticks < max_ticks):
-            if max(positions) >= prefill.capacity:  # the ticks reached the buffers' end: double them
-                prefill = prefill.grown(min(need, 2 * prefill.capacity))
-                kv = TickKV(prefill.keys_t, prefill.values)
-            rows_t, pass_t, pos_t = (_index(x, device) for x in (live, passes, positions))
-            plan = RowPlan(rows_t, pass_t, pos_t, max(positions) + 1, capacity=prefill.capacity, **layout)
-            kv.index = (pass_t - 1, rows_t, pos_t)
-            h = self._stack(E, pos_t, kv, plan)  # [n, d]: final-LN hidden state of this tick's pass
-            ticks += 1
-            token_passes += len(live)
-            attended += sum(positions) + len(positions)
-            gate_runs += len({p for p in passes if p <= len(model.gates)})
-
-            s = None if gates is None else gates(h, passes)  # [n] float (A5)
-            z = model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
-            view = PassView(pass_idx=pass_t, num_passes=K, active=torch.ones_like(pass_t, dtype=torch.bool),
-                            gate=s, logits=z if "logits" in rule.needs else None, hidden=h,
-                            token_ids=_index([tokens[b][-1] for b in live], device) if "token_ids" in rule.needs
-                            else None, carry=carry)
-            halt = ~exit_step(rule, view, last=pass_t >= K)  # A6
-            carry = view.next_carry
-            nxt = z.argmax(-1)
-            halt_h, nxt_h = torch.stack([halt.long(), nxt]).tolist()  # the tick's one host synchronisation
-
-            go = [i for i, stop in enumerate(halt_h) if not stop]
-            if go:  # E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering
-                pondering_ticks += 1
-                idx = _index(go, device)  # (softmax in place: z is not read afterwards)
-                E = feed_back(model, E, dest=idx, logits=z.index_select(0, idx), in_place=True,
-                              weight=None if s is None else s.index_select(0, idx))
-            stopped = [i for i, stop in enumerate(halt_h) if stop]
-            self._carry_forward(kv, [(live[i], passes[i], positions[i]) for i in stopped], K, device)
-
-            keep_rows = live
-            E, live, passes, positions = self._advance(E, live, passes, positions, halt_h, nxt_h, tokens, exits,
-                                                       lambda t: self._done(t, max_new_tokens, eos_token_id))
-            if carry is not None and len(live) < len(keep_rows):
-                carry = carry.index_select(0, _index([keep_rows.index(b) for b in live], device))
-
+        ticks = TickLayout(self, prefill, input_ids, K, need, max_new_tokens, eos_token_id, max_ticks)
+        drive(model, ticks, self.settings.rule)
+        tokens, exits, device = ticks.tokens, ticks.exits, input_ids.device
         fill = eos_token_id if eos_token_id is not None else 0
         gen = torch.tensor([t + [fill] * (max_new_tokens - len(t)) for t in tokens], device=device)
         ex = torch.tensor([d + [0] * (max_new_tokens - len(d)) for d in exits], device=device)
         count = _index([len(t) for t in tokens], device)
-        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks, token_passes, pondering_ticks,
-                                  gate_runs, attended, count)
-
-    # -- pieces of a tick -------------------------------------------------------------------------------------
-    def _advance(self, E, live, passes, positions, halt_h, nxt_h, tokens, exits, done):
-        """After a tick: rows that go on move to their next pass; rows that halted emit their token (and exit pass)
-        and, unless ``done``, start the next token at pass 1 (A1) one position on; finished rows leave. Returns
-        ``(E, live, passes, positions)`` for the rows still decoding."""
-        keep, new_rows, new_tokens = [], [], []
-        for i, b in enumerate(live):
-            if not halt_h[i]:
-                passes[i] += 1
-                keep.append(i)
-                continue
-            tokens[b].append(nxt_h[i])
-            exits[b].append(passes[i])
-            if not done(tokens[b]):
-                passes[i], positions[i] = 1, positions[i] + 1
-                keep.append(i)
-                new_rows.append(len(keep) - 1)
-                new_tokens.append(nxt_h[i])
-        if len(keep) < len(live):
-            E = E.index_select(0, _index(keep, E.device))
-            live, passes, positions = ([x[i] for i in keep] for x in (live, passes, positions))
-        if new_rows:
-            E = E.index_copy(0, _index(new_rows, E.device),
-                             self._first_input(self.model.gpt_neox.embed_in, new_tokens, E.device))
-        return E, live, passes, positions
-
-    @staticmethod
-    def _done(tokens: list[int], limit: int, eos: int | None) -> bool:
-        return len(tokens) >= limit or (eos is not None and tokens[-1] == eos)
-
-    def _first_input(self, embed, token_ids: list[int], device) -> torch.Tensor:
-        """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
-        return first_input(embed(torch.tensor(token_ids, device=device)), self.model.config.first_pass_scale)
-
-    def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, kv: TickKV, plan: RowPlan) -> torch.Tensor:
-        neox = self.model.gpt_neox
-        hidden = neox.emb_dropout(E[:, None])
-        rope = neox.rotary_emb(hidden, pos_t[:, None])
-        for layer in neox.layers:
-            hidden = layer(hidden, attention_mask=None, layer_past=kv, position_embeddings=rope, ponder_rows=plan)
-        return neox.final_layer_norm(hidden)[:, 0]
-
-    @staticmethod
-    def _carry_forward(kv: TickKV, halted: list[tuple[int, int, int]], K: int, device) -> None:
-        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy of every
-        layer's keys and one of its values, for all rows that halted in this tick."""
-        pairs = [(row, d, j, pos) for row, d, pos in halted for j in range(d + 1, K + 1)]
-        if not pairs:
-            return
-        row, src, dst, pos = (_index(c, device) for c in zip(*pairs))
-        kv.keys_t[:, dst - 1, row, :, :, pos] = kv.keys_t[:, src - 1, row, :, :, pos]
-        kv.values[:, dst - 1, row, :, pos] = kv.values[:, src - 1, row, :, pos]
+        return DepthBatchedOutput(torch.cat([input_ids, gen], 1), ex, ticks.ticks, ticks.token_passes,
+                                  ticks.pondering_ticks, ticks.gate_runs, ticks.attended, count)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, capacity: int) -> DecoderPrefill:
@@ -402,6 +296,139 @@ class DepthBatchedDecoder:
                 for p in range(cfg.num_passes) for layer in range(cfg.num_hidden_layers) for i in range(2)):
             return kv
         return None
+
+
+class TickLayout:
+    """The depth-batched decoder's layout for the pass driver: one row per live sequence, each at its own pass and
+    position. A tick is one pass of the driver's loop over all live rows; a row that halts emits its token and starts
+    the next one at pass 1 (A1) in the same slot."""
+
+    def __init__(self, decoder: DepthBatchedDecoder, prefill: DecoderPrefill, input_ids: torch.Tensor, K: int,
+                 need: int, max_new_tokens: int, eos_token_id: int | None, max_ticks: int | None):
+        model, cfg = decoder.model, decoder.model.config
+        self.model, self.K, self.need, self.max_ticks = model, K, need, max_ticks
+        self.limit, self.eos = max_new_tokens, eos_token_id
+        self.prefill = prefill
+        self.kv = TickKV(prefill.keys_t, prefill.values)
+        heads = cfg.num_attention_heads
+        self.layout = dict(batch=prefill.values.shape[2], heads=heads, head_dim=cfg.hidden_size // heads)
+        self.gates = TickGates(model.gates) if len(model.gates) else None
+        self.device = input_ids.device
+        out = prefill.output
+        batch, length = input_ids.shape
+        self.tokens = [[y] for y in out.logits[:, -1].argmax(-1).tolist()]
+        self.exits = [[d] for d in out.exit_pass[:, -1].tolist()]
+        self.live = [b for b in range(batch) if not self._done(self.tokens[b])]
+        self.passes = [1] * len(self.live)
+        self.positions = [length] * len(self.live)
+        self.E = self._first_input([self.tokens[b][-1] for b in self.live])
+        self.carry = None  # the exit rule's per-row memory (rows at pass 1 start afresh)
+        self.ticks = self.token_passes = self.pondering_ticks = self.gate_runs = self.attended = 0
+
+    def running(self) -> bool:
+        return bool(self.live) and (self.max_ticks is None or self.ticks < self.max_ticks)
+
+    def run_pass(self):
+        if max(self.positions) >= self.prefill.capacity:  # the ticks reached the buffers' end: double them
+            self.prefill = self.prefill.grown(min(self.need, 2 * self.prefill.capacity))
+            self.kv = TickKV(self.prefill.keys_t, self.prefill.values)
+        rows_t, self.pass_t, pos_t = (_index(x, self.device) for x in (self.live, self.passes, self.positions))
+        plan = RowPlan(rows_t, self.pass_t, pos_t, max(self.positions) + 1, capacity=self.prefill.capacity,
+                       **self.layout)
+        self.kv.index = (self.pass_t - 1, rows_t, pos_t)
+        h = self._stack(self.E, pos_t, plan)  # [n, d]: final-LN hidden state of this tick's pass
+        self.ticks += 1
+        self.token_passes += len(self.live)
+        self.attended += sum(self.positions) + len(self.positions)
+        self.gate_runs += len({p for p in self.passes if p <= len(self.model.gates)})
+        return h, None
+
+    def exit_view(self, h, needs):
+        self.s = None if self.gates is None else self.gates(h, self.passes)  # [n] float (A5)
+        self.z = self.model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
+        view = PassView(pass_idx=self.pass_t, num_passes=self.K, active=torch.ones_like(self.pass_t, dtype=torch.bool),
+                        gate=self.s, logits=self.z if "logits" in needs else None, hidden=h,
+                        token_ids=_index([self.tokens[b][-1] for b in self.live], self.device)
+                        if "token_ids" in needs else None, carry=self.carry)
+        return view, self.pass_t >= self.K
+
+    def feedback(self, h, state, going):
+        """E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering (the softmax in place: z is not read
+        afterwards)."""
+        z = self.z
+        self.nxt_h = z.argmax(-1)
+        self.halt_h, self.nxt_h = torch.stack([(~going).long(), self.nxt_h]).tolist()  # the tick's one host sync
+        go = [i for i, stop in enumerate(self.halt_h) if not stop]
+        if not go:
+            return None
+        self.pondering_ticks += 1
+        idx = _index(go, self.device)
+        return dict(E=self.E, dest=idx, logits=z.index_select(0, idx), in_place=True,
+                    weight=None if self.s is None else self.s.index_select(0, idx))
+
+    def advance(self, E, going):
+        if E is not None:
+            self.E = E
+        live, passes, positions = self.live, self.passes, self.positions
+        stopped = [i for i, stop in enumerate(self.halt_h) if stop]
+        self._carry_forward([(live[i], passes[i], positions[i]) for i in stopped])
+        keep_rows = live
+        self._advance()
+        if self.carry is not None and len(self.live) < len(keep_rows):
+            self.carry = self.carry.index_select(0, _index([keep_rows.index(b) for b in self.live], self.device))
+
+    # -- pieces of a tick -------------------------------------------------------------------------------------
+    def _advance(self):
+        """After a tick: rows that go on move to their next pass; rows that halted emit their token (and exit pass)
+        and, unless done, start the next token at pass 1 (A1) one position on; finished rows leave."""
+        E, live, passes, positions = self.E, self.live, self.passes, self.positions
+        tokens, exits, halt_h, nxt_h = self.tokens, self.exits, self.halt_h, self.nxt_h
+        keep, new_rows, new_tokens = [], [], []
+        for i, b in enumerate(live):
+            if not halt_h[i]:
+                passes[i] += 1
+                keep.append(i)
+                continue
+            tokens[b].append(nxt_h[i])
+            exits[b].append(passes[i])
+            if not self._done(tokens[b]):
+                passes[i], positions[i] = 1, positions[i] + 1
+                keep.append(i)
+                new_rows.append(len(keep) - 1)
+                new_tokens.append(nxt_h[i])
+        if len(keep) < len(live):
+            E = E.index_select(0, _index(keep, E.device))
+            live, passes, positions = ([x[i] for i in keep] for x in (live, passes, positions))
+        if new_rows:
+            E = E.index_copy(0, _index(new_rows, E.device), self._first_input(new_tokens))
+        self.E, self.live, self.passes, self.positions = E, live, passes, positions
+
+    def _done(self, tokens: list[int]) -> bool:
+        return len(tokens) >= self.limit or (self.eos is not None and tokens[-1] == self.eos)
+
+    def _first_input(self, token_ids: list[int]) -> torch.Tensor:
+        """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
+        embed = self.model.gpt_neox.embed_in
+        return first_input(embed(torch.tensor(token_ids, device=self.device)), self.model.config.first_pass_scale)
+
+    def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+        neox = self.model.gpt_neox
+        hidden = neox.emb_dropout(E[:, None])
+        rope = neox.rotary_emb(hidden, pos_t[:, None])
+        for layer in neox.layers:
+            hidden = layer(hidden, attention_mask=None, layer_past=self.kv, position_embeddings=rope, ponder_rows=plan)
+        return neox.final_layer_norm(hidden)[:, 0]
+
+    def _carry_forward(self, halted: list[tuple[int, int, int]]) -> None:
+        """A token that halted at pass D keeps its pass-D K/V in passes D+1..K (A15): one indexed copy of every
+        layer's keys and one of its values, for all rows that halted in this tick."""
+        pairs = [(row, d, j, pos) for row, d, pos in halted for j in range(d + 1, self.K + 1)]
+        if not pairs:
+            return
+        kv = self.kv
+        row, src, dst, pos = (_index(c, self.device) for c in zip(*pairs))
+        kv.keys_t[:, dst - 1, row, :, :, pos] = kv.keys_t[:, src - 1, row, :, :, pos]
+        kv.values[:, dst - 1, row, :, pos] = kv.values[:, src - 1, row, :, pos]
 
 
 __all__ = ["DecoderPrefill", "DepthBatchedDecoder", "DepthBatchedOutput", "TickGates", "ROW_ATTENTION",

@@ -88,30 +88,28 @@ class ThresholdExit:
         return f"ThresholdExit(tau={self.tau:g})"
 
 
-class NoHalting:
+class _EveryElement:
+    """A rule that gives every element the same answer after every pass."""
+
+    needs = frozenset()
+    carries = False
+    stop = False
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        return torch.full_like(view.active, self.stop)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NoHalting(_EveryElement):
     """Every element runs every pass (the gates still weigh the feedback, A7)."""
 
-    needs = frozenset()
-    carries = False
 
-    def stops(self, view: PassView) -> torch.Tensor:
-        return torch.zeros_like(view.active)
-
-    def __repr__(self) -> str:
-        return "NoHalting()"
-
-
-class FirstPassOnly:
+class FirstPassOnly(_EveryElement):
     """Every element stops after pass 1 (the "first pass only" reference of the reports)."""
 
-    needs = frozenset()
-    carries = False
-
-    def stops(self, view: PassView) -> torch.Tensor:
-        return torch.ones_like(view.active)
-
-    def __repr__(self) -> str:
-        return "FirstPassOnly()"
+    stop = True
 
 
 class FixedPruning:

@@ -1,18 +1,19 @@
-"""The pass driver: passes i = 1..K over whatever layout a caller gives it, and the two steps between passes,
-each written once — the exit step (A5 gate values in, A6 halting mask out, by the call's exit rule) and the
-feedback step (A4 + A7 pondering, or the Loop Transformer's hidden state).
+"""The pass driver: the pass loop (:func:`drive`), written once, and the two steps between passes — the exit step
+(A5 gate values in, A6 halting mask out, by the call's exit rule) and the feedback step (A4 + A7 pondering, or the Loop
+Transformer's hidden state).
 
-* :func:`run_passes` is the pass loop over a ``[B, T]`` token grid, all of it or a compacted subset (A16): the
-  training forward, prefill, cached decoding and self-speculative draft/verify all run it (each only builds its
-  :class:`~.pass_step.PassContext` and reads the returned :class:`~.pass_step.PassRun`).
-* :func:`exit_step` turns an exit rule's answer into the next active mask; :func:`feed_back` forms the next pass's
-  input for the elements that go on. The depth-batched decoder (one row per sequence, each at its own pass) and the
-  PALBERT classifier (one pooled vector per example) call these two with their own layouts.
+A consumer gives :func:`drive` a :class:`Layout`: where the elements of its passes live and what it keeps of them.
+:class:`GridLayout` is the ``[B, T]`` token grid, all of it or a compacted subset (A16) — the training forward,
+prefill, cached decoding and self-speculative draft/verify run it through :func:`run_passes`. The depth-batched
+decoder's layout is one row per sequence, each at its own pass (:mod:`.depth_batching`); the PALBERT classifier's is
+one pooled vector per example (``adaponder.palbert.classifier``).
 
 This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
@@ -60,6 +61,51 @@ def feed_back(core, E: torch.Tensor, *, dest: torch.Tensor | None = None, hidden
     return E + e if dest is None else E.index_add(0, dest, e.to(E.dtype))
 
 
+class Layout(Protocol):
+    """Where a consumer keeps the elements its passes run over, and what it does with their results. :func:`drive`
+    calls, for each pass: :meth:`run_pass`, :meth:`exit_view`, then (with the exit step's answer) :meth:`settle`,
+    :meth:`feedback` and :meth:`advance`. ``carry`` is the exit rule's per-element memory, which the layout keeps
+    aligned with its elements."""
+
+    carry: torch.Tensor | None
+
+    def running(self) -> bool:
+        """True while another pass is to run."""
+
+    def run_pass(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One pass of the stack over the current elements: ``(h, state)``, the final-LN hidden states and the
+        pre-norm ones (loop mode's feedback), rows in the layout's flat order."""
+
+    def exit_view(self, h: torch.Tensor, needs: frozenset) -> tuple[PassView, bool | torch.Tensor] | None:
+        """What the exit rule sees of the pass (computing only ``needs``), with ``last`` (True, or per element, where
+        the pass was the element's last); None where no exit step follows this pass (every element goes on)."""
+
+    def feedback(self, h: torch.Tensor, state: torch.Tensor | None, going: torch.Tensor | None) -> dict | None:
+        """Record what the elements that stop produced, and say which go on: :func:`feed_back`'s arguments for the
+        next pass's input (None: nothing is fed back — the loop ends, or no element goes on). ``going``: the exit
+        step's answer over the elements of the pass (None: all go on)."""
+
+    def advance(self, E: torch.Tensor | None, going: torch.Tensor | None) -> None:
+        """Take the next pass's input (None: unchanged) and move the elements on."""
+
+
+def drive(core, layout: Layout, rule: ExitRule, settings: RunSettings | None = None) -> Layout:
+    """The pass loop — the only one. Every consumer (the training forward, prefill, cached decoding, self-speculative
+    draft and verify, the depth-batched decoder's ticks, the PALBERT classifier) gives it a :class:`Layout`; the exit
+    step (A6, by ``rule``) and the feedback (A4/A7 or loop mode's) between passes are applied here."""
+    while layout.running():
+        h, state = layout.run_pass()
+        step = layout.exit_view(h, rule.needs)
+        going = None
+        if step is not None:
+            view, last = step
+            going = exit_step(rule, view, last)
+            layout.carry = view.next_carry
+        args = layout.feedback(h, state, going)
+        layout.advance(None if args is None else feed_back(core, settings=settings, **args), going)
+    return layout
+
+
 def run_passes(core, ctx: PassContext, aligner: KVAligner, run: PassRun | None = None, last: int | None = None, *,
                settings: RunSettings, gate_warmup: GateWarmup | None = None,
                return_pass_logits: bool = False) -> PassRun:
@@ -67,111 +113,144 @@ def run_passes(core, ctx: PassContext, aligner: KVAligner, run: PassRun | None =
     ``ctx``: run the stack on the tokens still active, keep each token's exit-pass state, then the exit step and the
     feedback before the next pass — also after ``last`` when it is below K, so that a later call can continue from
     the returned state (self-speculative decoding drafts with the first passes and verifies with the rest)."""
-    cfg = core.config
-    K = settings.num_passes(cfg.num_passes)
-    last = K if last is None else min(last, K)
-    rule = settings.rule
-    compact_ok = settings.compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
-    run = PassRun.start(ctx) if run is None else run
-    batch, length, valid = ctx.batch, ctx.length, ctx.valid
-    n_valid = valid.sum().clamp(min=1)
-    grad = torch.is_grad_enabled()
-    for i in range(run.next_pass, last + 1):
-        active, subset = run.active, run.subset
-        run.active_fraction.append((active & valid).sum() / n_valid)
-        if subset is not None and subset.num_tokens == 0:  # every token halted: later passes only carry K/V (A15)
-            for j in range(i, last + 1):
-                aligner.carry_forward(j)
-            run.next_pass = last + 1
-            break
-        h_flat, state_flat = core.run_pass(run.E, ctx, i, aligner, active if i > 1 else None, subset)
-        # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
-        # keeping a B×T×V logits tensor per pass.
-        if subset is not None:  # no gradients here: overwrite the active tokens' rows in place
-            run.h_hat[subset.b_idx, subset.t_idx] = h_flat
-        else:
-            h_i = h_flat.reshape(batch, length, -1)
-            run.h_hat = h_i if run.h_hat is None else torch.where(active[..., None], h_i, run.h_hat)
-        if return_pass_logits:
-            run.pass_logits.append(core.lm_head(_unflatten(h_flat, subset, batch, length)))
-        run.next_pass = i + 1
-        if i == K:
-            break
-        if not (cfg.ponders or cfg.mode == "loop"):  # one-pass modes
-            run.next_pass = K + 1
-            break
-        s, next_active = _exit_after(core, i, K, h_flat, run, ctx, rule, gate_warmup)
-        # Without gradients, the tokens that go on — fed back now, computed by the next pass — are found
-        # once, with the pass's only host synchronisation (none while no token stops).
-        if grad:
-            going_on = None
-        elif next_active is active:
-            going_on = subset
-        else:
-            going_on = TokenSubset.from_mask(next_active)
-        run.E = _grid_feedback(core, run.E, h_flat, state_flat, s, next_active, subset, going_on, grad, settings)
-        run.exit_pass = run.exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
-        run.active = next_active
-        compact = compact_ok and going_on is not None and going_on.num_tokens < batch * length
-        run.subset = going_on if compact else None
-    if run.next_pass > K:
-        while len(run.active_fraction) < cfg.num_passes:
+    grid = GridLayout(core, ctx, aligner, run, last, settings, gate_warmup, return_pass_logits)
+    drive(core, grid, settings.rule, settings)
+    run = grid.run
+    if run.next_pass > grid.K:
+        while len(run.active_fraction) < core.config.num_passes:
             run.active_fraction.append(run.active_fraction[-1] * 0)
     return run
 
 
-def _exit_after(core, i: int, K: int, h_flat, run: PassRun, ctx: PassContext, rule: ExitRule,
-                gate_warmup: GateWarmup | None):
-    """Gate and exit step after pass ``i`` on the grid (A5, A6): ``(s, m^{i+1})``; ``s`` None where no gate weighs
-    the feedback. The gate values of the active tokens go to ``run`` for the ponder loss (A11)."""
-    cfg = core.config
-    batch, length = run.active.shape
-    active, subset = run.active, run.subset
-    bypass = gate_warmup is not None and gate_warmup.bypass
-    s = None
-    if cfg.gated and not bypass:
-        s_flat = core.gates[i - 1](h_flat, None if gate_warmup is None else gate_warmup.logit_floor)  # A5
-        s = _unflatten(s_flat, subset, batch, length)
-        run.gate_values.append(torch.where(active, s, torch.zeros_like(s)))
-        run.gate_masks.append(active & ctx.valid)
-    if bypass or (gate_warmup is not None and not gate_warmup.halting):
-        return s, active
-    needs = rule.needs
-    view = PassView(
-        pass_idx=i, num_passes=K, active=active, gate=None if s is None else s.detach(),
-        logits=core.lm_head(_unflatten(h_flat, subset, batch, length)) if "logits" in needs else None,
-        hidden=_unflatten(h_flat, subset, batch, length) if "hidden" in needs else None,
-        token_ids=ctx.ids if "token_ids" in needs else None, valid=ctx.valid, carry=run.carry)
-    next_active = exit_step(rule, view)
-    run.carry = view.next_carry
-    return s, next_active
+class GridLayout:
+    """The ``[B, T]`` token grid (:func:`run_passes`): all of it, or without gradients the tokens still active
+    (compacted, A16). Its state is a :class:`~.pass_step.PassRun`, which a later call may continue."""
 
+    def __init__(self, core, ctx: PassContext, aligner: KVAligner, run: PassRun | None, last: int | None,
+                 settings: RunSettings, gate_warmup: GateWarmup | None, return_pass_logits: bool):
+        cfg = core.config
+        self.core, self.ctx, self.aligner, self.gate_warmup = core, ctx, aligner, gate_warmup
+        self.K = settings.num_passes(cfg.num_passes)
+        self.last = self.K if last is None else min(last, self.K)
+        self.compact_ok = settings.compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
+        self.run = PassRun.start(ctx) if run is None else run
+        self.n_valid = ctx.valid.sum().clamp(min=1)
+        self.grad = torch.is_grad_enabled()
+        self.return_pass_logits = return_pass_logits
+        self.s = None  # the gate values of the pass (A5), None where no gate weighs the feedback
+        self.ending = False
 
-def _grid_feedback(core, E, h_flat, state_flat, s, next_active, subset, going_on, grad, settings):
-    """:func:`feed_back` on the ``[B, T]`` grid. Training forms it for every token (the gate weight masked by
-    ``m^{i+1}``). Without gradients only the tokens that go on — ``going_on``, a :class:`TokenSubset` of
-    ``next_active``; None: all of them — are fed back (A15–A17: D−1 pondering products). ``h_flat`` and
-    ``state_flat`` hold the rows of ``subset``'s tokens (all tokens when it is None)."""
-    batch, length, d = E.shape
-    flat = E.reshape(batch * length, d)
-    if grad or going_on is None:
-        weight = None if s is None else (next_active.to(s.dtype) * s if grad else s).reshape(-1)
-        return feed_back(core, flat, hidden=h_flat, state=state_flat, weight=weight,
-                         settings=settings).reshape(batch, length, d)
-    n = going_on.num_tokens
-    if n == 0:
-        return E
-    if n == h_flat.shape[0]:  # every computed token goes on: h_flat's rows, in order
-        rows = None
-    elif subset is None:
-        rows = going_on.b_idx * length + going_on.t_idx
-    else:  # positions, among the computed tokens, of those that go on (size known: no host sync)
-        rows = torch.nonzero_static(next_active[subset.b_idx, subset.t_idx], size=n).squeeze(1)
-    pick = (lambda x: x) if rows is None else (lambda x: x.index_select(0, rows))  # noqa: E731
-    weight = None if s is None else s[going_on.b_idx, going_on.t_idx]
-    dest = None if n == batch * length else going_on.b_idx * length + going_on.t_idx
-    return feed_back(core, flat, dest=dest, hidden=pick(h_flat), state=pick(state_flat), weight=weight,
-                     settings=settings).reshape(batch, length, d)
+    @property
+    def carry(self):
+        return self.run.carry
+
+    @carry.setter
+    def carry(self, value):
+        self.run.carry = value
+
+    def running(self) -> bool:
+        run = self.run
+        if run.next_pass > self.last:
+            return False
+        run.active_fraction.append((run.active & self.ctx.valid).sum() / self.n_valid)
+        if run.subset is not None and run.subset.num_tokens == 0:  # every token halted: later passes only carry
+            for j in range(run.next_pass, self.last + 1):          # K/V (A15)
+                self.aligner.carry_forward(j)
+            run.next_pass = self.last + 1
+            return False
+        return True
+
+    def run_pass(self):
+        run, ctx = self.run, self.ctx
+        i = run.next_pass
+        h_flat, state_flat = self.core.run_pass(run.E, ctx, i, self.aligner, run.active if i > 1 else None,
+                                                run.subset)
+        # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
+        # keeping a B×T×V logits tensor per pass.
+        if run.subset is not None:  # no gradients here: overwrite the active tokens' rows in place
+            run.h_hat[run.subset.b_idx, run.subset.t_idx] = h_flat
+        else:
+            h_i = h_flat.reshape(ctx.batch, ctx.length, -1)
+            run.h_hat = h_i if run.h_hat is None else torch.where(run.active[..., None], h_i, run.h_hat)
+        if self.return_pass_logits:
+            run.pass_logits.append(self.core.lm_head(self._full(h_flat)))
+        run.next_pass = i + 1
+        return h_flat, state_flat
+
+    def exit_view(self, h_flat, needs):
+        """Gate (A5) and the rule's view after pass i; the gate values of the active tokens go to ``run`` for the
+        ponder loss (A11)."""
+        cfg, run, warm = self.core.config, self.run, self.gate_warmup
+        i = run.next_pass - 1
+        self.s = None
+        self.ending = i == self.K or not (cfg.ponders or cfg.mode == "loop")  # the last pass, or a one-pass mode
+        if self.ending:
+            run.next_pass = self.K + 1
+            return None
+        bypass = warm is not None and warm.bypass
+        if cfg.gated and not bypass:
+            self.s = self._full(self.core.gates[i - 1](h_flat, None if warm is None else warm.logit_floor))
+            run.gate_values.append(torch.where(run.active, self.s, torch.zeros_like(self.s)))
+            run.gate_masks.append(run.active & self.ctx.valid)
+        if bypass or (warm is not None and not warm.halting):
+            return None
+        view = PassView(
+            pass_idx=i, num_passes=self.K, active=run.active, gate=None if self.s is None else self.s.detach(),
+            logits=self.core.lm_head(self._full(h_flat)) if "logits" in needs else None,
+            hidden=self._full(h_flat) if "hidden" in needs else None,
+            token_ids=self.ctx.ids if "token_ids" in needs else None, valid=self.ctx.valid, carry=run.carry)
+        return view, False
+
+    def feedback(self, h_flat, state_flat, going):
+        """Training forms the next input for every token (the gate weight masked by ``m^{i+1}``). Without
+        gradients only the tokens that go on are fed back (A15–A17: D−1 pondering products), found once, with the
+        pass's only host synchronisation (none while no token stops)."""
+        if self.ending:
+            return None
+        run, s = self.run, self.s
+        batch, length, d = run.E.shape
+        flat = run.E.reshape(batch * length, d)
+        next_active = run.active if going is None else going
+        if self.grad:
+            self.going_on = None
+        elif next_active is run.active:
+            self.going_on = run.subset
+        else:
+            self.going_on = TokenSubset.from_mask(next_active)
+        going_on = self.going_on
+        if self.grad or going_on is None:
+            weight = None if s is None else (next_active.to(s.dtype) * s if self.grad else s).reshape(-1)
+            return dict(E=flat, hidden=h_flat, state=state_flat, weight=weight)
+        n = going_on.num_tokens
+        if n == 0:
+            return None
+        subset = run.subset
+        if n == h_flat.shape[0]:  # every computed token goes on: h_flat's rows, in order
+            rows = None
+        elif subset is None:
+            rows = going_on.b_idx * length + going_on.t_idx
+        else:  # positions, among the computed tokens, of those that go on (size known: no host sync)
+            rows = torch.nonzero_static(next_active[subset.b_idx, subset.t_idx], size=n).squeeze(1)
+        pick = (lambda x: x) if rows is None else (lambda x: x.index_select(0, rows))  # noqa: E731
+        return dict(E=flat, dest=None if n == batch * length else going_on.b_idx * length + going_on.t_idx,
+                    hidden=pick(h_flat), state=None if state_flat is None else pick(state_flat),
+                    weight=None if s is None else s[going_on.b_idx, going_on.t_idx])
+
+    def advance(self, E, going):
+        if self.ending:
+            return
+        run = self.run
+        if E is not None:
+            run.E = E.reshape(run.E.shape)
+        next_active = run.active if going is None else going
+        run.exit_pass = run.exit_pass + next_active.long()  # A8: D_t counts the passes a token was active in
+        run.active = next_active
+        going_on = self.going_on
+        compact = self.compact_ok and going_on is not None and going_on.num_tokens < next_active.numel()
+        run.subset = going_on if compact else None
+
+    def _full(self, flat: torch.Tensor) -> torch.Tensor:
+        return _unflatten(flat, self.run.subset, self.ctx.batch, self.ctx.length)
 
 
 def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:
@@ -182,4 +261,4 @@ def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, lengt
     return full
 
 
-__all__ = ["exit_step", "feed_back", "run_passes"]
+__all__ = ["GridLayout", "Layout", "drive", "exit_step", "feed_back", "run_passes"]

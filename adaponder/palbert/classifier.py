@@ -35,9 +35,9 @@ from transformers.utils import ModelOutput
 from adaponder.core_modes import CLASSIFIER_CORE_MODES, classifier_core_mode
 from adaponder.hub import checkpoint_source
 from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
-from adaponder.modeling.exit_rules import ExitRule, PassView
+from adaponder.modeling.exit_rules import ExitRule, NoHalting, PassView
 from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
-from adaponder.modeling.pass_driver import exit_step, feed_back
+from adaponder.modeling.pass_driver import drive
 from adaponder.palbert.pondernet import (
     EXIT_RULES,
     KL_DIRECTIONS,
@@ -62,7 +62,8 @@ __all__ = [
     "PalbertOutput",
     "PalbertPrediction",
     "AdaPonderForSequenceClassification",
-    "RuleController",
+    "ControllerExit",
+    "PooledLayout",
     "last_token_index",
     "offline_exit",
     "predictions_from_outputs",
@@ -310,17 +311,6 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         head = self.heads[pass_idx - 1] if len(self.heads) > 1 else self.heads[0]
         return head(self.dropout(c))
 
-    def _feedback(self, E: Tensor, h_flat: Tensor, pre_flat: Tensor, valid: Tensor) -> Tensor:
-        """The next pass's input (the pass driver's feedback step): the pondering embedding added (A4, A7 with
-        s = 1) or, in loop mode, the pre-norm hidden state. Padding positions keep their input (nothing real
-        attends to them)."""
-        batch, length, d = E.shape
-        flat = E.reshape(-1, d)
-        if self.config.mode == "loop" or bool(valid.all()):
-            return feed_back(self.core, flat, hidden=h_flat, state=pre_flat).view(batch, length, d)
-        idx = valid.reshape(-1).nonzero().squeeze(1)
-        return feed_back(self.core, flat, dest=idx, hidden=h_flat.index_select(0, idx)).view(batch, length, d)
-
     # -- training / offline forward --------------------------------------------------------------
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 labels: Tensor | None = None, inputs_embeds: Tensor | None = None, **kwargs) -> PalbertOutput:
@@ -331,19 +321,8 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         ctx = core.pass_context(input_ids, attention_mask, inputs_embeds=inputs_embeds)
         batch, length = ctx.batch, ctx.length
         last = last_token_index(attention_mask, batch, length, ctx.x0.device)
-        n = cfg.palbert_passes
-        E = ctx.E0
-        c_prev = None
-        outs, lam_logits = [], []
-        for i in range(1, n + 1):
-            h_flat, pre_flat = core.run_pass(E, ctx, i)
-            c = self._pool(h_flat, batch, length, last)
-            outs.append(self._head(i, c))
-            if self.lambda_layer is not None and i < n:
-                lam_logits.append(self.lambda_layer.logits(c, c_prev))
-            c_prev = c
-            if i < n:
-                E = self._feedback(E, h_flat, pre_flat, ctx.valid)
+        passes = drive(core, PooledLayout(self, ctx, last, training=True), NoHalting())  # all N passes (B1–B4)
+        outs, lam_logits = passes.outs, passes.lam_logits
         pass_logits = torch.stack(outs, dim=1).float()
         out = PalbertOutput(logits=pass_logits[:, -1], pass_logits=pass_logits)
         if self.lambda_layer is not None:
@@ -403,86 +382,138 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         last = last_token_index(attention_mask, batch, ctx.length, ctx.x0.device)
         if trim:
             ctx = _trim_context(ctx, int(last.max()) + 1)
+        ctrl = None
         if isinstance(rule, ExitRule):
             ids = input_ids[torch.arange(batch, device=last.device), last] if input_ids is not None else None
-            ctrl = RuleController(rule, n, batch, ids, device=ctx.x0.device)
         else:
+            ids = None
             ctrl = ExitController(rule, n, batch, q=q, patience=patience, regression=cfg.is_regression,
                                   regression_threshold=cfg.pabee_regression_threshold if cfg.is_regression else None,
                                   generator=generator, device=ctx.x0.device)
-        E, c_prev = ctx.E0, None
-        outputs = torch.zeros(batch, cfg.num_labels, device=ctx.x0.device)
-        pass_rows = token_rows = 0
-        for i in range(1, n + 1):
-            rows = ctrl.active
-            h_flat, pre_flat = core.run_pass(E, ctx, i)
-            pass_rows += ctx.batch
-            token_rows += ctx.batch * ctx.length
-            c = self._pool(h_flat, ctx.batch, ctx.length, last)
-            out_i = self._head(i, c).float()
-            lam = self.lambda_layer(c, c_prev).float() if self.lambda_layer is not None and i < n else None
-            exits = ctrl.step(lambdas=lam, preds=out_i, **({"hidden": c} if isinstance(ctrl, RuleController) else {}))
-            if rule != "expectation":
-                outputs[rows[exits]] = out_i[exits]
-            if ctrl.done:
-                break
+            rule = ControllerExit(ctrl)
+        passes = drive(core, PooledLayout(self, ctx, last, training=False, trim=trim, token_ids=ids,
+                                          keep_outputs=ctrl is None or ctrl.rule != "expectation",
+                                          decides_last=ctrl is not None), rule)
+        outputs = passes.outputs
+        if ctrl is not None and ctrl.rule == "expectation":
+            outputs = ctrl.expected.reshape(batch, -1)
+        preds = outputs[:, 0] if cfg.is_regression else outputs.argmax(dim=-1)
+        return PalbertPrediction(outputs, preds, passes.exit_idx + 1, passes.pass_rows, passes.token_rows)
+
+
+class ControllerExit:
+    """The evaluation rules of :class:`~adaponder.palbert.pondernet.ExitController` (``q``, ``sample``, ``pabee``,
+    ``last``, ``expectation``) as an exit rule for the pass driver: the controller keeps its per-example state and
+    decides the last pass itself (``expectation`` reads the last pass's outputs), so the layout does not force it."""
+
+    needs = frozenset({"lambda", "logits"})
+    carries = False
+    decides_last = True
+
+    def __init__(self, ctrl: ExitController):
+        self.ctrl = ctrl
+
+    def stops(self, view: PassView) -> Tensor:
+        return self.ctrl.step(lambdas=view.lam, preds=view.logits)
+
+    def __repr__(self) -> str:
+        return f"ControllerExit({self.ctrl.rule!r})"
+
+
+class PooledLayout:
+    """The classifier's layout for the pass driver: one pooled vector per example (B1) over the rows of the examples
+    still running. ``training``: every pass's head outputs and λ logits are kept for the loss (the rule used there
+    stops nobody early); otherwise each example's output is that of its exit pass, and examples that exit leave the
+    batch before the feedback is formed, so later passes run only for the rest (B9; with ``trim``, trailing positions
+    that are padding for every remaining row are dropped too — exact: attention is causal)."""
+
+    def __init__(self, model: "AdaPonderForSequenceClassification", ctx: PassContext, last: Tensor, *,
+                 training: bool, trim: bool = False, token_ids: Tensor | None = None, keep_outputs: bool = True,
+                 decides_last: bool = False):
+        self.model, self.ctx, self.last = model, ctx, last
+        self.n = model.config.palbert_passes
+        self.training, self.trim, self.token_ids, self.keep_outputs = training, trim, token_ids, keep_outputs
+        self.decides_last = decides_last  # the rule decides the last pass itself (:class:`ControllerExit`)
+        device = ctx.x0.device
+        self.rows = torch.arange(ctx.batch, device=device)  # the examples still running, as batch indices
+        self.exit_idx = torch.full((ctx.batch,), -1, dtype=torch.long, device=device)
+        self.outputs = torch.zeros(ctx.batch, model.config.num_labels, device=device)
+        self.outs, self.lam_logits = [], []
+        self.E, self.c_prev, self.i, self.carry = ctx.E0, None, 0, None
+        self.pass_rows = self.token_rows = 0
+
+    def running(self) -> bool:
+        return self.i < self.n and self.rows.numel() > 0
+
+    def run_pass(self):
+        self.i += 1
+        self.pass_rows += self.ctx.batch
+        self.token_rows += self.ctx.batch * self.ctx.length
+        return self.model.core.run_pass(self.E, self.ctx, self.i)
+
+    def exit_view(self, h_flat, needs):
+        model, i, n, ctx = self.model, self.i, self.n, self.ctx
+        c = model._pool(h_flat, ctx.batch, ctx.length, self.last)
+        out = model._head(i, c)
+        lam = None
+        if model.lambda_layer is not None and i < n:
+            if self.training:
+                self.lam_logits.append(model.lambda_layer.logits(c, self.c_prev))
+            else:
+                lam = model.lambda_layer(c, self.c_prev).float()
+        if self.training:
+            self.outs.append(out)
+        else:
+            out = out.float()
+        self.c, self.out = c, out
+        view = PassView(pass_idx=i, num_passes=n, active=torch.ones(ctx.batch, dtype=torch.bool, device=c.device),
+                        logits=out if "logits" in needs else None, hidden=c if "hidden" in needs else None, lam=lam,
+                        token_ids=None if self.token_ids is None else self.token_ids[self.rows], carry=self.carry)
+        return view, i == n and not self.decides_last
+
+    def feedback(self, h_flat, pre_flat, going):
+        """Exits recorded; the next pass's input for the rows that go on: the pondering embedding added (A4, A7 with
+        s = 1) or, in loop mode, the pre-norm hidden state. Padding positions keep their input (nothing real attends
+        to them)."""
+        i, ctx = self.i, self.ctx
+        if self.training:
+            if i == self.n:
+                return None
+            self.c_prev = self.c
+        else:
+            exits = ~going
+            if self.keep_outputs:
+                self.outputs[self.rows[exits]] = self.out[exits]
+            self.exit_idx[self.rows[exits]] = i - 1
+            self.rows = self.rows[going]
+            if self.carry is not None:
+                self.carry = self.carry[going]
+            if i == self.n or self.rows.numel() == 0:
+                return None
             if bool(exits.any()):  # exited rows leave the batch before the feedback is formed
-                keep = (~exits).nonzero().squeeze(1)
+                keep = going.nonzero().squeeze(1)
                 h_flat = h_flat.view(ctx.batch, ctx.length, -1).index_select(0, keep)
                 pre_flat = pre_flat.view(ctx.batch, ctx.length, -1).index_select(0, keep)
-                E, c_prev, last = E.index_select(0, keep), c.index_select(0, keep), last.index_select(0, keep)
+                self.E, self.c_prev, self.last = (x.index_select(0, keep) for x in (self.E, self.c, self.last))
                 ctx = ctx.select_rows(keep)
-                length = int(last.max()) + 1 if trim else ctx.length
+                length = int(self.last.max()) + 1 if self.trim else ctx.length
                 if length < ctx.length:
-                    E, h_flat, pre_flat = E[:, :length], h_flat[:, :length], pre_flat[:, :length]
+                    self.E, h_flat, pre_flat = self.E[:, :length], h_flat[:, :length], pre_flat[:, :length]
                     ctx = _trim_context(ctx, length)
+                self.ctx = ctx
                 h_flat = h_flat.reshape(-1, h_flat.shape[-1])
                 pre_flat = pre_flat.reshape(-1, pre_flat.shape[-1])
             else:
-                c_prev = c
-            E = self._feedback(E, h_flat, pre_flat, ctx.valid)
-        if rule == "expectation":
-            outputs = ctrl.expected.reshape(batch, -1)
-        preds = outputs[:, 0] if cfg.is_regression else outputs.argmax(dim=-1)
-        return PalbertPrediction(outputs, preds, ctrl.exit_idx + 1, pass_rows, token_rows)
+                self.c_prev = self.c
+        flat = self.E.reshape(-1, self.E.shape[-1])
+        if self.model.config.mode == "loop" or bool(ctx.valid.all()):
+            return dict(E=flat, hidden=h_flat, state=pre_flat)
+        idx = ctx.valid.reshape(-1).nonzero().squeeze(1)
+        return dict(E=flat, dest=idx, hidden=h_flat.index_select(0, idx))
 
-
-class RuleController:
-    """:class:`~adaponder.palbert.pondernet.ExitController`'s interface for an exit rule object: per example, one
-    pass at a time, through the pass driver's exit step (so the rule's answer becomes an exit exactly as it does
-    for a token of the LM)."""
-
-    def __init__(self, rule: ExitRule, num_passes: int, batch_size: int, token_ids: Tensor | None, device=None):
-        self.rule, self.num_passes = rule, num_passes
-        self.active = torch.arange(batch_size, device=device)
-        self.exit_idx = torch.full((batch_size,), -1, dtype=torch.long, device=device)
-        self.pass_idx = 0
-        self.token_ids = token_ids
-        self.carry: Tensor | None = None
-        self.expected = None
-
-    @property
-    def done(self) -> bool:
-        return self.active.numel() == 0 or self.pass_idx >= self.num_passes
-
-    def step(self, *, lambdas: Tensor | None = None, preds: Tensor | None = None,
-             hidden: Tensor | None = None) -> Tensor:
-        n = self.active.numel()
-        needs = self.rule.needs
-        view = PassView(pass_idx=self.pass_idx + 1, num_passes=self.num_passes,
-                        active=torch.ones(n, dtype=torch.bool, device=self.active.device),
-                        logits=preds if "logits" in needs else None, hidden=hidden if "hidden" in needs else None,
-                        lam=None if lambdas is None else lambdas.reshape(-1),
-                        token_ids=None if self.token_ids is None else self.token_ids[self.active], carry=self.carry)
-        exits = ~exit_step(self.rule, view, last=self.pass_idx == self.num_passes - 1)
-        self.carry = view.next_carry
-        self.exit_idx[self.active[exits]] = self.pass_idx
-        keep = ~exits
-        self.active = self.active[keep]
-        if self.carry is not None:
-            self.carry = self.carry[keep]
-        self.pass_idx += 1
-        return exits
+    def advance(self, E, going):
+        if E is not None:
+            self.E = E.view(self.E.shape)
 
 
 def _trim_context(ctx: PassContext, length: int) -> PassContext:
