@@ -9,6 +9,7 @@ the same logits."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +189,18 @@ def test_settings_are_checked():
         RunSettings(passes=0)
     with pytest.raises(TypeError, match="ExitRule"):
         RunSettings(exit_rule=lambda *a: None)
+
+
+def test_a_checkpoint_saved_by_the_code_before_run_settings_loads_and_gives_its_logits():
+    # tests/fixtures/landed_checkpoint was saved by the code before τ left the model config (its make_fixture.py),
+    # with τ = 0.5 in config.json and that code's logits and exit passes on fixed inputs
+    source = Path(__file__).parent / "fixtures" / "landed_checkpoint"
+    expected = torch.load(source / "expected.pt")
+    with pytest.warns(UserWarning, match=r"halting_threshold=0.5.*RunSettings\(tau=0.5\)"):
+        model = AdaPonderForCausalLM.from_pretrained(source).eval()
+    assert not any(hasattr(model.config, k) for k in LEGACY_CONFIG_KEYS)
+    with torch.no_grad():
+        out = model(expected["input_ids"], settings=RunSettings(tau=0.5))
+    assert torch.equal(out.exit_pass, expected["exit_pass"])
+    assert 1 < out.exit_pass.float().mean() < 4  # some tokens halt early, some run every pass
+    torch.testing.assert_close(out.logits, expected["logits"], rtol=0, atol=1e-6)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Mapping
 
 from huggingface_hub.dataclasses import strict
@@ -23,6 +24,7 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 # Run-time settings that configs written before ``RunSettings`` held (``run_settings.LEGACY_CONFIG_KEYS``, repeated
 # here because this file travels alone): accepted on load and dropped.
 LEGACY_RUN_KEYS = ("halting_threshold", "compact_inference", "ponder_chunk_size", "ponder_recompute")
+_DEFAULT_TAU = 1e-4  # run_settings.DEFAULT_TAU
 
 # Keys that GPTNeoXConfig accepts under legacy names (converted into ``rope_parameters``).
 _LEGACY_KEYS = {"rotary_pct", "rotary_emb_base", "rope_scaling", "attn_implementation", "torch_dtype", "dtype"}
@@ -94,8 +96,12 @@ class AdaPonderConfig(GPTNeoXConfig):
 
     def __post_init__(self, **kwargs):
         for key in LEGACY_RUN_KEYS:  # run-time settings that older configs held: not the model's any more
-            kwargs.pop(key, None)
-            self.__dict__.pop(key, None)
+            value = self.__dict__.pop(key, kwargs.pop(key, None))
+            if key == "halting_threshold" and value is not None and value != _DEFAULT_TAU:
+                # the one dropped setting that changes results: say so rather than run at another τ in silence
+                warnings.warn(f"this config sets halting_threshold={value}, a run-time setting that configs no "
+                              f"longer hold: τ is passed per call (RunSettings(tau={value})); calls that pass none "
+                              f"run at τ = {_DEFAULT_TAU:g}", UserWarning, stacklevel=2)
         if self.passes is None:
             self.passes = 1 if self.mode in ("vanilla", "pause") else 4
         if self.mode == "pause" and self.pause_tokens is None:
