@@ -103,6 +103,8 @@ def skinny(rows: int, *weights: torch.Tensor) -> bool:
     EPYC, 2 threads): one row's logits (V = 50304, d = 512) 10 → 4 ms, its pondering product (A4) 24 → 10 ms, the
     24 layer passes of a 70M decode step 32 → 16 ms; 8 rows' logits 18 → 9 ms. A decode step at batch 1 is mostly
     such products. (bf16 goes through oneDNN, already fast there.)"""
+    if torch.compiler.is_compiling():  # inductor chooses its own kernels (and the blocks write with out=)
+        return False
     cap = VOCAB_ROWS if all(w.shape[0] >= VOCAB_SIZED for w in weights) else SKINNY_ROWS
     return (0 < rows <= cap and not torch.is_grad_enabled()
             and all(w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() for w in weights))
@@ -244,6 +246,9 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk, bool(recompute))
     dtype = torch.promote_types(h.dtype, w_emb.dtype)
+    if torch.compiler.is_compiling():  # one fused graph: no scratch blocks, no out= products
+        probs = torch.softmax((h @ w_out.t()).to(_wide(h.dtype)), dim=-1)
+        return (probs.to(dtype) @ w_emb.to(dtype)) * alpha
     # a few fp32 rows (decoding, late compacted passes): blocked, one chunk (within the configured chunk size)
     if skinny(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype and (not chunk or h.shape[0] <= chunk):
         z = _buffer("z", (h.shape[0], w_out.shape[0]), h.dtype, h.device)

@@ -39,6 +39,9 @@ class RunSettings:
         (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25 probabilities).
     recompute: in training, recompute each pondering pass's probabilities in backward (memory does not grow with
         B×T×V per pass) or keep them (False: one ``h W_outᵀ`` product per pondering pass less).
+    compile: greedy ``generate`` decodes with the static-shape step (:mod:`.static_decoding`) compiled by
+        ``torch.compile`` (one graph per step; CUDA graphs on a GPU) instead of the eager cached forward, which stays
+        the reference. The first step of a new batch size or cache capacity pays the compilation.
     """
 
     tau: float = DEFAULT_TAU
@@ -47,6 +50,7 @@ class RunSettings:
     compact: bool = True
     chunk_size: int = 0
     recompute: bool = True
+    compile: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "tau", check_tau(self.tau))

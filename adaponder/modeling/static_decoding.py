@@ -1,0 +1,231 @@
+"""Static-shape decoding: a decode step with fixed shapes and no host synchronisation, which ``torch.compile`` can
+turn into one graph (one CUDA graph with ``mode="reduce-overhead"``).
+
+The cache is one preallocated tensor ``[layers, 2, K, B, heads, capacity, head_dim]`` (the depth-batched decoder's
+layout, which the cached prefill fills in place: :meth:`PonderCache.with_buffers`). A decode step writes each row's
+new K/V at one slot (a device tensor, so the step's shapes never change) and attends over the whole capacity under a
+mask of the slots filled so far; nothing grows or is concatenated.
+
+Halting is decided on the device. Every row runs every pass of the step — the shapes stay fixed — and a row that
+stopped keeps what its exit pass produced: its exit-pass hidden state (A9), and in later passes the K/V of its exit
+pass (A3, A15), written by :class:`StaticKV` with ``torch.where`` rather than computed into the cache. The outputs
+equal those of the eager cached decoding, which skips the passes of halted tokens instead; what the static step
+spends on them is the price of having no host synchronisation, and pays where launches and synchronisations, not
+arithmetic, bound a decode step (small batches, a GPU). The pass loop is the pass driver's (:func:`.pass_driver.drive`,
+with :class:`StaticLayout`), so every exit rule that decides on the device (the threshold rule, Q-exit with a head,
+rules on token ids) is honoured.
+
+Scope: greedy decoding, modes ``vanilla``, ``ponderlm``, ``loop`` and ``adaponder``, left-padded batches.
+
+This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .exit_rules import PassView
+from .pass_driver import drive
+from .pass_step import first_input
+from .ponder_cache import PonderCache
+from .run_settings import RunSettings, settings_or_default
+
+#: Static caches are sized in multiples of this many positions, so that prompts and generations of nearby lengths
+#: share one compiled step (its shapes include the capacity).
+CAPACITY_STEP = 128
+
+STATIC_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
+
+
+class StaticKV:
+    """The ``layer_past`` of a static decode step. For pass ``i`` (1-based) of layer ``l`` it writes the new token's
+    aligned K/V (A3: the computed K/V where the row is active, else the previous pass's at the same slot) into
+    ``kv[l, :, i-1]`` at ``slot`` and returns that (pass, layer)'s whole buffers ``[B, heads, capacity, hd]``."""
+
+    def __init__(self, kv: torch.Tensor, slot: torch.Tensor):
+        self.kv, self.slot = kv, slot  # slot: [1] long, on the device
+        self.pass_idx = 1
+        self.active: torch.Tensor | None = None  # m^i [B]; None: every row computes this pass
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        i, kv = self.pass_idx, self.kv[layer_idx]  # kv: [2, K, B, heads, capacity, hd]
+        new = torch.stack([key, value])  # [2, B, heads, 1, hd]
+        if self.active is not None:
+            prev = kv[:, i - 2].index_select(3, self.slot)
+            new = torch.where(self.active[None, :, None, None, None], new, prev)
+        kv[:, i - 1].index_copy_(3, self.slot, new)
+        return kv[0, i - 1], kv[1, i - 1]
+
+
+class StaticLayout:
+    """The static decode step's layout for the pass driver: one new token per row, every row through every pass
+    (fixed shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``, on the device."""
+
+    def __init__(self, model, kv: torch.Tensor, attention_mask: torch.Tensor, ids: torch.Tensor,
+                 slot: torch.Tensor, position: torch.Tensor, num_passes: int):
+        self.model, self.mask, self.ids, self.K = model, attention_mask, ids, num_passes
+        neox = model.gpt_neox
+        self.E = first_input(neox.embed_in(ids), model.config.first_pass_scale)  # E⁰ (A1), [B, d]
+        self.rope = neox.rotary_emb(self.E[:, None], position[:, None])
+        self.static = StaticKV(kv, slot)
+        self.active = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        self.exit_pass = torch.ones(ids.shape[0], dtype=torch.long, device=ids.device)
+        self.h_hat: torch.Tensor | None = None
+        self.i, self.carry, self.s, self.ending = 0, None, None, False
+
+    def running(self) -> bool:
+        return not self.ending and self.i < self.K
+
+    def run_pass(self):
+        self.i += 1
+        self.static.pass_idx = self.i
+        self.static.active = self.active if self.i > 1 else None
+        neox = self.model.gpt_neox
+        hidden = neox.emb_dropout(self.E[:, None])
+        for layer in neox.layers:
+            hidden = layer(hidden, attention_mask=self.mask, layer_past=self.static, position_embeddings=self.rope)
+        h = neox.final_layer_norm(hidden)[:, 0]
+        self.h_hat = h if self.h_hat is None else torch.where(self.active[:, None], h, self.h_hat)  # A9
+        return h, hidden[:, 0]
+
+    def exit_view(self, h, needs):
+        cfg, i = self.model.config, self.i
+        self.ending = i == self.K or not (cfg.ponders or cfg.mode == "loop")
+        if self.ending:
+            return None
+        self.s = self.model.gates[i - 1](h) if cfg.gated else None  # A5
+        view = PassView(pass_idx=i, num_passes=self.K, active=self.active, gate=self.s,
+                        logits=self.model.lm_head(h) if "logits" in needs else None,
+                        hidden=h if "hidden" in needs else None, token_ids=self.ids if "token_ids" in needs else None,
+                        carry=self.carry)
+        return view, False
+
+    def feedback(self, h, state, going):
+        if self.ending:
+            return None
+        return dict(E=self.E, hidden=h, state=state, weight=self.s)  # every row: a stopped row's input is unused
+
+    def advance(self, E, going):
+        if self.ending:
+            return
+        self.E = E
+        going = self.active if going is None else going
+        self.exit_pass = self.exit_pass + going.long()  # A8
+        self.active = going
+
+
+def decode_step(model, settings: RunSettings, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor,
+                slot: torch.Tensor, position: torch.Tensor):
+    """One greedy decode step at fixed shapes: ``ids`` ``[B]`` (the last tokens), written at cache ``slot`` ``[1]``
+    with rotary ``position`` ``[B]``. Marks the slot in ``key_ok`` ``[B, capacity]`` (the keys a query may see) and
+    returns ``(logits [B, V], exit_pass [B])``. No host synchronisation: ``torch.compile(fullgraph=True)`` makes it
+    one graph."""
+    key_ok.index_fill_(1, slot, True)
+    mask = key_ok[:, None, None, :]  # [B, 1, 1, capacity]: slots after this one are still False
+    layout = StaticLayout(model, kv, mask, ids, slot, position, settings.num_passes(model.config.num_passes))
+    drive(model, layout, settings.rule, settings)
+    return model.lm_head(layout.h_hat), layout.exit_pass
+
+
+@dataclass
+class StaticOutput:
+    """``sequences`` ``[B, T + new]``; ``exit_pass`` ``[B, new]``; ``logits`` ``[B, new, V]`` when asked for."""
+
+    sequences: torch.Tensor
+    exit_pass: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+class StaticDecoder:
+    """Greedy decoding on a static cache, eager or compiled (``RunSettings(compile=True)``).
+
+    ``StaticDecoder(model, settings).generate(input_ids, attention_mask, max_new_tokens)``. The prefill is the
+    model's cached forward (eager), writing into the static cache; every later token is one :func:`decode_step`.
+    Compiled steps are kept per decoder and reused while the batch size and cache capacity stay the same
+    (capacities are rounded up to :data:`CAPACITY_STEP`)."""
+
+    def __init__(self, model, settings: RunSettings | None = None):
+        cfg = model.config
+        if cfg.mode not in STATIC_MODES:
+            raise ValueError(f"static decoding supports modes {', '.join(STATIC_MODES)}, not {cfg.mode!r}")
+        self.model = model
+        self.settings = settings_or_default(settings)
+        self._step = None
+
+    def step_function(self):
+        """:func:`decode_step`, compiled once when the settings ask for it."""
+        if not self.settings.compile:
+            return decode_step
+        if self._step is None:
+            cuda = next(self.model.parameters()).device.type == "cuda"
+            self._step = torch.compile(decode_step, fullgraph=True, dynamic=False,
+                                       mode="reduce-overhead" if cuda else None)
+        return self._step
+
+    def new_cache(self, batch: int, capacity: int, device=None) -> torch.Tensor:
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        param = next(self.model.parameters())
+        shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
+        return torch.zeros(shape, dtype=param.dtype, device=param.device if device is None else device)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 max_new_tokens: int = 20, eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 output_logits: bool = False) -> StaticOutput:
+        """Greedy tokens as ``model.generate(do_sample=False)`` gives them: a row that emitted ``eos_token_id`` emits
+        ``pad_token_id`` (default: the eos id) afterwards, and that is what it reads next. Every row runs
+        ``max_new_tokens`` steps (fixed shapes: no early stop)."""
+        model, settings = self.model, self.settings
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        batch, length = input_ids.shape
+        device = input_ids.device
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        need = length + max_new_tokens
+        capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
+        if capacity > model.config.max_position_embeddings:
+            capacity = max(need, model.config.max_position_embeddings)
+        kv = self.new_cache(batch, capacity, device)
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+        out = model(input_ids, attention_mask=attention_mask, position_ids=positions,
+                    cache=PonderCache.with_buffers(kv), use_cache=True, logits_to_keep=1,
+                    settings=settings.replace(compile=False))
+        key_ok = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        key_ok[:, :length] = attention_mask.bool()
+        logits = out.logits[:, -1]
+        tokens = torch.empty(batch, max_new_tokens, dtype=torch.long, device=device)
+        exits = torch.empty_like(tokens)
+        kept = [logits] if output_logits else None
+        pad = pad_token_id if pad_token_id is not None else eos_token_id
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+
+        def emit(t: int, logits: torch.Tensor, exit_pass: torch.Tensor) -> None:
+            token = logits.argmax(-1)
+            if eos_token_id is not None:
+                token = torch.where(finished, pad, token)
+                finished.logical_or_(token == eos_token_id)
+            tokens[:, t], exits[:, t] = token, exit_pass
+
+        emit(0, logits, out.exit_pass[:, -1])
+        slot = torch.tensor([length], device=device)
+        position = positions[:, -1] + 1
+        step = self.step_function()
+        for t in range(1, max_new_tokens):
+            logits, exit_pass = step(model, settings, kv, key_ok, tokens[:, t - 1], slot, position)
+            emit(t, logits, exit_pass)
+            if kept is not None:
+                kept.append(logits.clone())
+            slot += 1
+            position += 1
+        return StaticOutput(torch.cat([input_ids, tokens], 1), exits,
+                            torch.stack(kept, 1) if kept is not None else None)
+
+
+__all__ = ["CAPACITY_STEP", "STATIC_MODES", "StaticDecoder", "StaticKV", "StaticLayout", "StaticOutput",
+           "decode_step"]
