@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: on a CUDA machine, measure bf16 training MFU at the Pythia-70M and -410M shapes
-# and decode tokens/s, and append the figures (with date and hardware) to docs/benchmarks.md.
+# and decode tokens/s (eager and compiled), and append the figures (with date and hardware) to docs/benchmarks.md.
 # GPU_CHECK_OUT=DIR keeps the raw tables and JSON there (default: a temporary folder).
 #
 #   TORCH_SPEC="torch==2.13.0" bash scripts/setup.sh   # a CUDA build of torch
@@ -18,12 +18,14 @@ hw=$("$PY" -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{p
   --variants hf-1pass,adaponder --steps 5 --json "$out/train410m.json" | tee "$out/train410m.txt"
 "$PY" eval/bench_inference.py --device cuda --dtype bf16 --size 70m --context 512 --new-tokens 64 \
   --json "$out/infer70m.json" | tee "$out/infer70m.txt"
+"$PY" eval/bench_compiled.py --device cuda --dtype bf16 --shapes 70m,410m --batches 1,8,32 --context 512 \
+  --new-tokens 64 --json "$out/compiled.json" | tee "$out/compiled.txt"
 {
   echo
   echo "## GPU check, $(date -u +%Y-%m-%d), ${hw}"
   echo
   echo '```'
-  cat "$out/train70m.txt" "$out/train410m.txt" "$out/infer70m.txt"
+  cat "$out/train70m.txt" "$out/train410m.txt" "$out/infer70m.txt" "$out/compiled.txt"
   echo '```'
 } >> docs/benchmarks.md
 echo "appended to docs/benchmarks.md"

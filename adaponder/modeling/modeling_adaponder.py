@@ -33,6 +33,7 @@ from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
 from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
 from .speculative import SelfSpeculativeDecoder
+from .static_decoding import StaticDecoder
 
 
 @dataclass
@@ -216,7 +217,34 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                                     kwargs.get("max_length", gen.max_length), self.config.num_pauses + 1)
         if speculative is not None:
             return self._generate_speculative(ids, speculative, *args, **kwargs)
+        settings = kwargs.get("settings")
+        if isinstance(settings, RunSettings) and settings.compile:
+            return self._generate_static(ids, *args, **kwargs)
         return super().generate(inputs, *args, **kwargs)
+
+    def _generate_static(self, ids, *args, **kwargs):
+        """Greedy decoding on the compiled static-shape step (``RunSettings(compile=True)``, :mod:`.static_decoding`):
+        the tokens of ``generate(do_sample=False)``; returns the sequences (exit passes in ``self.static_exit_pass``).
+        The decoder, and with it the compiled step, is kept on the model for the next call."""
+        taken = ("attention_mask", "max_new_tokens", "do_sample", "eos_token_id", "pad_token_id")
+        other = sorted(set(kwargs) - set(taken) - {"input_ids", "settings"})
+        if args or other or kwargs.get("do_sample"):
+            got = "positional arguments" if args else ", ".join(other) or "do_sample=True"
+            raise TypeError(f"compiled generation (RunSettings(compile=True)) is greedy and takes "
+                            f"{', '.join(t for t in taken if t != 'do_sample')} and settings; got {got}")
+        gen = self.generation_config
+        eos = kwargs.get("eos_token_id", gen.eos_token_id)
+        if isinstance(eos, (list, tuple)):
+            eos = eos[0] if eos else None
+        settings = kwargs["settings"]
+        decoder = getattr(self, "_static_decoder", None)
+        if decoder is None or decoder.settings != settings:
+            decoder = self._static_decoder = StaticDecoder(self, settings)
+        new = kwargs.get("max_new_tokens") or gen.max_new_tokens or 20
+        out = decoder.generate(ids, kwargs.get("attention_mask"), new, eos_token_id=eos,
+                               pad_token_id=kwargs.get("pad_token_id", gen.pad_token_id))
+        self.static_exit_pass = out.exit_pass
+        return out.sequences
 
     def _generate_speculative(self, ids, speculative, *args, **kwargs):
         taken = ("attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",

@@ -38,6 +38,9 @@ CAPACITY_STEP = 128
 
 STATIC_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
 
+#: Compiled graphs kept per step function (dynamo's ``recompile_limit`` while a compiled step runs).
+RECOMPILE_LIMIT = 64
+
 
 class StaticKV:
     """The ``layer_past`` of a static decode step. For pass ``i`` (1-based) of layer ``l`` it writes the new token's
@@ -59,61 +62,97 @@ class StaticKV:
         return kv[0, i - 1], kv[1, i - 1]
 
 
-class StaticLayout:
-    """The static decode step's layout for the pass driver: one new token per row, every row through every pass
-    (fixed shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``, on the device."""
+@dataclass
+class StepState:
+    """What a static decode step carries from one pass to the next, on the device: the next pass's input ``E``
+    ``[B, d]``, the active mask ``m`` and exit passes ``D`` ``[B]`` (A2, A8), the exit-pass states ``h_hat`` (A9; None
+    before pass 1) and the exit rule's memory ``carry``."""
 
-    def __init__(self, model, kv: torch.Tensor, attention_mask: torch.Tensor, ids: torch.Tensor,
-                 slot: torch.Tensor, position: torch.Tensor, num_passes: int):
-        self.model, self.mask, self.ids, self.K = model, attention_mask, ids, num_passes
-        neox = model.gpt_neox
-        self.E = first_input(neox.embed_in(ids), model.config.first_pass_scale)  # E⁰ (A1), [B, d]
-        self.rope = neox.rotary_emb(self.E[:, None], position[:, None])
+    E: torch.Tensor
+    active: torch.Tensor
+    exit_pass: torch.Tensor
+    h_hat: torch.Tensor | None = None
+    carry: torch.Tensor | None = None
+
+    @classmethod
+    def start(cls, model, ids: torch.Tensor) -> "StepState":
+        """Before pass 1: E⁰ = c·Ẽ[x] (A1), every row active."""
+        E = first_input(model.gpt_neox.embed_in(ids), model.config.first_pass_scale)
+        ones = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        return cls(E, ones, ones.long())
+
+
+class StaticLayout:
+    """The static decode step's layout for the pass driver: one new token per row, every row through passes
+    ``first..last`` (fixed shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``,
+    on the device. After a pass below K the exit step and the feedback run, so that a later call can continue."""
+
+    def __init__(self, model, kv: torch.Tensor, attention_mask: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
+                 position: torch.Tensor, num_passes: int, state: StepState, first: int, last: int):
+        self.model, self.mask, self.ids, self.K, self.last = model, attention_mask, ids, num_passes, last
+        self.rope = model.gpt_neox.rotary_emb(state.E[:, None], position[:, None])
         self.static = StaticKV(kv, slot)
-        self.active = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
-        self.exit_pass = torch.ones(ids.shape[0], dtype=torch.long, device=ids.device)
-        self.h_hat: torch.Tensor | None = None
-        self.i, self.carry, self.s, self.ending = 0, None, None, False
+        self.state = state
+        self.i, self.s, self.ending = first - 1, None, False
+
+    @property
+    def carry(self):
+        return self.state.carry
+
+    @carry.setter
+    def carry(self, value):
+        self.state.carry = value
 
     def running(self) -> bool:
-        return not self.ending and self.i < self.K
+        return not self.ending and self.i < self.last
 
     def run_pass(self):
+        st = self.state
         self.i += 1
         self.static.pass_idx = self.i
-        self.static.active = self.active if self.i > 1 else None
+        self.static.active = st.active if self.i > 1 else None
         neox = self.model.gpt_neox
-        hidden = neox.emb_dropout(self.E[:, None])
+        hidden = neox.emb_dropout(st.E[:, None])
         for layer in neox.layers:
             hidden = layer(hidden, attention_mask=self.mask, layer_past=self.static, position_embeddings=self.rope)
         h = neox.final_layer_norm(hidden)[:, 0]
-        self.h_hat = h if self.h_hat is None else torch.where(self.active[:, None], h, self.h_hat)  # A9
+        st.h_hat = h if st.h_hat is None else torch.where(st.active[:, None], h, st.h_hat)  # A9
         return h, hidden[:, 0]
 
     def exit_view(self, h, needs):
-        cfg, i = self.model.config, self.i
+        cfg, i, st = self.model.config, self.i, self.state
         self.ending = i == self.K or not (cfg.ponders or cfg.mode == "loop")
         if self.ending:
             return None
         self.s = self.model.gates[i - 1](h) if cfg.gated else None  # A5
-        view = PassView(pass_idx=i, num_passes=self.K, active=self.active, gate=self.s,
+        view = PassView(pass_idx=i, num_passes=self.K, active=st.active, gate=self.s,
                         logits=self.model.lm_head(h) if "logits" in needs else None,
                         hidden=h if "hidden" in needs else None, token_ids=self.ids if "token_ids" in needs else None,
-                        carry=self.carry)
+                        carry=st.carry)
         return view, False
 
     def feedback(self, h, state, going):
         if self.ending:
             return None
-        return dict(E=self.E, hidden=h, state=state, weight=self.s)  # every row: a stopped row's input is unused
+        return dict(E=self.state.E, hidden=h, state=state, weight=self.s)  # every row: a stopped row's is unused
 
     def advance(self, E, going):
         if self.ending:
             return
-        self.E = E
-        going = self.active if going is None else going
-        self.exit_pass = self.exit_pass + going.long()  # A8
-        self.active = going
+        st = self.state
+        st.E = E
+        going = st.active if going is None else going
+        st.exit_pass = st.exit_pass + going.long()  # A8
+        st.active = going
+
+
+def decode_passes(model, settings: RunSettings, kv: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor,
+                  slot: torch.Tensor, position: torch.Tensor, state: StepState, first: int, last: int) -> StepState:
+    """Passes ``first..last`` of a static decode step (the pass driver over :class:`StaticLayout`)."""
+    layout = StaticLayout(model, kv, mask, ids, slot, position, settings.num_passes(model.config.num_passes), state,
+                          first, last)
+    drive(model, layout, settings.rule, settings)
+    return layout.state
 
 
 def decode_step(model, settings: RunSettings, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor,
@@ -124,9 +163,16 @@ def decode_step(model, settings: RunSettings, kv: torch.Tensor, key_ok: torch.Te
     one graph."""
     key_ok.index_fill_(1, slot, True)
     mask = key_ok[:, None, None, :]  # [B, 1, 1, capacity]: slots after this one are still False
-    layout = StaticLayout(model, kv, mask, ids, slot, position, settings.num_passes(model.config.num_passes))
-    drive(model, layout, settings.rule, settings)
-    return model.lm_head(layout.h_hat), layout.exit_pass
+    K = settings.num_passes(model.config.num_passes)
+    state = decode_passes(model, settings, kv, mask, ids, slot, position, StepState.start(model, ids), 1, K)
+    return model.lm_head(state.h_hat), state.exit_pass
+
+
+def carry_forward(kv: torch.Tensor, slot: torch.Tensor, done: int) -> None:
+    """Every row halted by pass ``done``: passes ``done+1..K`` hold each row's pass-``done`` K/V at ``slot`` (A15)."""
+    src = kv[:, :, done - 1].index_select(4, slot)  # [L, 2, B, heads, 1, hd]
+    later = kv[:, :, done:]
+    later.index_copy_(5, slot, src[:, :, None].expand(-1, -1, later.shape[2], -1, -1, -1, -1))
 
 
 @dataclass
@@ -142,27 +188,59 @@ class StaticDecoder:
     """Greedy decoding on a static cache, eager or compiled (``RunSettings(compile=True)``).
 
     ``StaticDecoder(model, settings).generate(input_ids, attention_mask, max_new_tokens)``. The prefill is the
-    model's cached forward (eager), writing into the static cache; every later token is one :func:`decode_step`.
+    model's cached forward (eager), writing into the static cache; every later token is one :meth:`step`.
     Compiled steps are kept per decoder and reused while the batch size and cache capacity stay the same
     (capacities are rounded up to :data:`CAPACITY_STEP`)."""
 
-    def __init__(self, model, settings: RunSettings | None = None):
+    def __init__(self, model, settings: RunSettings | None = None, per_pass: bool | None = None):
+        """``per_pass``: run each step pass by pass, reading on the host after each pass whether any row goes on, and
+        skip the passes no row needs (as the eager cached decoding does), their K/V carried forward in one copy
+        (A15). None: on the CPU, where that read waits for nothing; on a GPU the whole step is one graph, with no
+        synchronisation inside a token."""
         cfg = model.config
         if cfg.mode not in STATIC_MODES:
             raise ValueError(f"static decoding supports modes {', '.join(STATIC_MODES)}, not {cfg.mode!r}")
         self.model = model
         self.settings = settings_or_default(settings)
-        self._step = None
+        self.per_pass = next(model.parameters()).device.type == "cpu" if per_pass is None else per_pass
+        self._compiled = None
 
-    def step_function(self):
-        """:func:`decode_step`, compiled once when the settings ask for it."""
+    def _function(self):
+        """:func:`decode_passes` (per pass) or :func:`decode_step`, compiled once when the settings ask for it."""
+        plain = decode_passes if self.per_pass else decode_step
         if not self.settings.compile:
-            return decode_step
-        if self._step is None:
+            return plain
+        if self._compiled is None:
             cuda = next(self.model.parameters()).device.type == "cuda"
-            self._step = torch.compile(decode_step, fullgraph=True, dynamic=False,
-                                       mode="reduce-overhead" if cuda else None)
-        return self._step
+            self._compiled = torch.compile(plain, fullgraph=True, dynamic=False,
+                                           mode="reduce-overhead" if cuda else None)
+        return self._compiled
+
+    def step(self, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
+             position: torch.Tensor):
+        """One decode step (:func:`decode_step`'s arguments and results), whole or pass by pass."""
+        model, settings, fn = self.model, self.settings, self._function()
+        if self.settings.compile:
+            # one compiled graph per pass index (pass by pass), per model, batch size and capacity: more than
+            # dynamo's default of 8 entries per function for a few models of K = 4
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return self._step(fn, kv, key_ok, ids, slot, position)
+        return self._step(fn, kv, key_ok, ids, slot, position)
+
+    def _step(self, fn, kv, key_ok, ids, slot, position):
+        model, settings = self.model, self.settings
+        if not self.per_pass:
+            return fn(model, settings, kv, key_ok, ids, slot, position)
+        key_ok.index_fill_(1, slot, True)
+        mask = key_ok[:, None, None, :]
+        K = settings.num_passes(model.config.num_passes)
+        state = StepState.start(model, ids)
+        for i in range(1, K + 1):
+            state = fn(model, settings, kv, mask, ids, slot, position, state, i, i)
+            if i < K and not bool(state.active.any()):  # every row has stopped: the later passes only carry K/V
+                carry_forward(kv, slot, i)
+                break
+        return model.lm_head(state.h_hat), state.exit_pass
 
     def new_cache(self, batch: int, capacity: int, device=None) -> torch.Tensor:
         cfg = self.model.config
@@ -215,9 +293,8 @@ class StaticDecoder:
         emit(0, logits, out.exit_pass[:, -1])
         slot = torch.tensor([length], device=device)
         position = positions[:, -1] + 1
-        step = self.step_function()
         for t in range(1, max_new_tokens):
-            logits, exit_pass = step(model, settings, kv, key_ok, tokens[:, t - 1], slot, position)
+            logits, exit_pass = self.step(kv, key_ok, tokens[:, t - 1].contiguous(), slot, position)  # (fixed strides)
             emit(t, logits, exit_pass)
             if kept is not None:
                 kept.append(logits.clone())
@@ -227,5 +304,5 @@ class StaticDecoder:
                             torch.stack(kept, 1) if kept is not None else None)
 
 
-__all__ = ["CAPACITY_STEP", "STATIC_MODES", "StaticDecoder", "StaticKV", "StaticLayout", "StaticOutput",
-           "decode_step"]
+__all__ = ["CAPACITY_STEP", "STATIC_MODES", "StaticDecoder", "StaticKV", "StaticLayout", "StaticOutput", "StepState",
+           "carry_forward", "decode_passes", "decode_step"]
