@@ -10,11 +10,14 @@ is a bug. The command-line wrapper (:func:`adaponder.cli.errors.cli_main`) print
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from adaponder.hub import is_hub_id, resolve_pretrained
 
 # (module, class) of the project's user errors. Looked up in sys.modules only: a class whose module was never
 # imported cannot have been raised, so classifying an error imports nothing (no torch/DeepSpeed start-up).
@@ -49,8 +52,6 @@ def os_reason(err: OSError) -> str:
     """The operating system's words for ``err`` (``No space left on device``), without the path it repeats; for
     the errors whose words alone do not say what is wrong (``File exists``, ``Read-only file system``), the
     path the OS refused and the cause."""
-    import errno
-
     words = err.strerror or str(err) or type(err).__name__
     where = err.filename if err.filename is not None else None
     causes = {errno.EEXIST: "a file, not a folder, is in the way at {}",
@@ -138,8 +139,6 @@ def require_checkpoint(path: str | os.PathLike[str], label: str = "checkpoint", 
     :class:`UsageError` naming it — rather than transformers' hub error for a name that is not a repo id. A hub id
     (``org/name``, at ``revision``) is resolved to its local snapshot folder as ``init.backbone`` is
     (:func:`adaponder.hub.resolve_pretrained`; its :class:`~adaponder.hub.HubError` names the id)."""
-    from adaponder.hub import is_hub_id, resolve_pretrained
-
     if revision or is_hub_id(path):
         return resolve_pretrained(path, revision)
     p = Path(path)

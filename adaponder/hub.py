@@ -55,6 +55,8 @@ def resolve_pretrained(name_or_path: str | os.PathLike[str], revision: str | Non
         if not (local / "config.json").is_file():
             raise HubError(f"{s}: not a Hugging Face checkpoint folder (no config.json)")
         return local
+    # huggingface_hub only for a hub id: every command imports this module (through adaponder.errors), and a local
+    # folder or --help must not pay for it
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

@@ -108,7 +108,7 @@ def test_a_genuine_bug_keeps_its_traceback(bug, ckpt, files, capsys, monkeypatch
     def broken(*args, **kwargs):
         raise bug
 
-    monkeypatch.setattr("adaponder.evaluation.settings.load_tokenizer_for", broken)
+    monkeypatch.setattr(perplexity, "load_tokenizer_for", broken)
     with pytest.raises(type(bug), match="boom"):
         perplexity.main([str(ckpt), "--data", str(files["text"]), "--device", "cpu"])
     assert "error:" not in capsys.readouterr().err

@@ -15,17 +15,15 @@ from pathlib import Path
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
 from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
-from adaponder.evaluation import dial
+from adaponder.data.tokenizer import as_tokenizer
+from adaponder.evaluation import dial, plots
+from adaponder.evaluation.accounting import ONE_PASS_BASELINE
 from adaponder.evaluation.dial import DEFAULT_TAUS, dial_table, parse_taus, sweep_tau
+from adaponder.evaluation.settings import load_for_eval, settings_of
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.evaluation import plots
-    from adaponder.evaluation.accounting import ONE_PASS_BASELINE
-    from adaponder.data.tokenizer import as_tokenizer
-    from adaponder.evaluation.settings import load_for_eval, settings_of
-
     p = checkpoint_parser("adaponder-dial", description(dial.__doc__, __doc__), recurrence=False)
     p.add_argument("--taus", default=None,
                    help=f"comma-separated τ values (default {','.join(map(str, DEFAULT_TAUS))})")

@@ -17,13 +17,13 @@ from adaponder.cli.errors import cli_main
 from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
 from adaponder.evaluation import difficulty
 from adaponder.evaluation.difficulty import evaluate_difficulty, format_tables
+from adaponder.evaluation.settings import load_for_eval
+from adaponder.jsonio import json_safe, write_json_atomic
 from adaponder.modeling.run_settings import RunSettings
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.evaluation.settings import load_for_eval
-
     p = argparse.ArgumentParser(prog="adaponder-difficulty", description=description(difficulty.__doc__, __doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_args(p, "an exported model folder (hf/ of a run)")
@@ -40,8 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                               settings=RunSettings() if args.tau is None else RunSettings(tau=args.tau))
     print(format_tables(res))
     if args.json:
-        from adaponder.jsonio import json_safe, write_json_atomic
-
         write_json_atomic(Path(args.json), json_safe(res))
         print(f"written: {args.json}")
     return 0

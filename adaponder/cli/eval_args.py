@@ -10,6 +10,7 @@ import torch
 from adaponder.errors import UsageError
 from adaponder.evaluation.perplexity import PACKINGS, Document, load_all
 from adaponder.evaluation.settings import EXIT_RULES
+from adaponder.hub import checkpoint_source
 
 
 def checkpoint_parser(prog: str, description: str, recurrence: bool = True) -> argparse.ArgumentParser:
@@ -34,8 +35,6 @@ def add_checkpoint_args(p: argparse.ArgumentParser, what: str = "a saved AdaPond
 def checkpoint_folder(args: argparse.Namespace) -> str:
     """``args.checkpoint`` as the folder to load: a hub id (+ ``--revision``) resolved to its cached snapshot
     (:func:`adaponder.hub.checkpoint_source`; an uncached id offline is one error naming it), a path unchanged."""
-    from adaponder.hub import checkpoint_source
-
     return str(checkpoint_source(args.checkpoint, args.revision))
 
 

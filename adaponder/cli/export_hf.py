@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     add_debug_help(p)
     args = p.parse_args(argv)
 
+    # torch, transformers and DeepSpeed take seconds to import: --help and a bad argument answer before they load
     from adaponder.train.checkpoint import CheckpointError, resolve_checkpoint
     from adaponder.train.export import export_checkpoint
 

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from adaponder.cli.errors import UsageError, add_debug_help, cli_main
+from adaponder.resources import find_config, repo_root
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,8 +71,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def default_output(task: str, method: str, seed: int) -> Path:
     """``runs/glue/<task>-<method>-s<seed>`` under the checkout, or under the current folder when installed."""
-    from adaponder.resources import repo_root
-
     return (repo_root() or Path.cwd()) / "runs" / "glue" / f"{task}-{method}-s{seed}"
 
 
@@ -82,9 +81,9 @@ def main(argv=None) -> int:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings: nothing tokenises in parallel
 
+    # torch, transformers and DeepSpeed take seconds to import: --help and a bad argument answer before they load
     from adaponder.palbert.config import load_finetune_config
     from adaponder.palbert.finetune import run_finetune
-    from adaponder.resources import find_config
     from adaponder.train.stopping import TrainingStopped
 
     # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.

@@ -14,19 +14,17 @@ from pathlib import Path
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
 from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
-from adaponder.evaluation import halting
+from adaponder.data.tokenizer import as_tokenizer
+from adaponder.evaluation import halting, plots
 from adaponder.evaluation.halting import nll_by_exit_pass
+from adaponder.evaluation.perplexity import score_documents
+from adaponder.evaluation.settings import load_for_eval, settings_of
 from adaponder.evaluation.token_dump import write_token_dump
 from adaponder.modeling.exits import exit_histogram
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.evaluation import plots
-    from adaponder.data.tokenizer import as_tokenizer
-    from adaponder.evaluation.perplexity import score_documents
-    from adaponder.evaluation.settings import load_for_eval, settings_of
-
     p = checkpoint_parser("adaponder-halting", description(halting.__doc__, __doc__))
     p.add_argument("--dump", default="tokens.tsv", help="per-token dump (.tsv or .jsonl)")
     p.add_argument("--plots", default=None, help="folder for exit_histogram.png and nll_by_exit_pass.png")

@@ -22,6 +22,7 @@ Examples::
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -29,13 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.errors import EXIT_NONFINITE, UsageError, cli_main, require_checkpoint
+from adaponder.cli.lm_eval_help import format_help
+from adaponder.resources import task_dir
 
 
 def default_task_path() -> Path | None:
     """The ``adaponder_*`` task folder: ``<repo>/eval/tasks`` in a checkout / editable install, the copy in the
     package's resources in an installed wheel (:func:`adaponder.resources.task_dir`)."""
-    from adaponder.resources import task_dir
-
     return task_dir()
 
 
@@ -116,8 +117,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     raw = list(sys.argv[1:] if argv is None else argv)
     if _wants_help(raw):
-        from adaponder.cli.lm_eval_help import format_help
-
         tasks = default_task_path()
         print(format_help(None if tasks is None else str(tasks)))
         return 0
@@ -127,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # in one error offline) as init.backbone is.
         require_checkpoint(ckpt, revision=revision_of(args))
 
+    # lm-eval (with torch and transformers under the model) takes seconds to import: the help and a missing
+    # checkpoint answer before it loads
     from lm_eval._cli import HarnessCLI
     from lm_eval.utils import setup_logging
 
@@ -153,9 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def check_task_names(tasks, include_path) -> None:
     """Every name in ``--tasks`` must be a task, group or tag lm-eval knows (or a YAML file): one ``error:`` line
     naming the unknown one and the closest known names, before any model loads."""
-    import difflib
-
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lm-eval is heavy (seconds to import): only a run needs it
 
     names = [t.strip() for t in (tasks if isinstance(tasks, list) else str(tasks or "").split(",")) if t.strip()]
     names = [n for n in names if not Path(n).is_file()]

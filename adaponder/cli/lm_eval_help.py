@@ -57,7 +57,7 @@ def own_parser(task_dir: str | None) -> argparse.ArgumentParser:
 def lm_eval_run_help() -> str:
     """lm-eval's ``run`` options, with ``--model`` / ``--include_path`` / ``--model_args`` pointing at the defaults
     above. Built from lm-eval's own parser so the list matches the installed lm-eval."""
-    from lm_eval._cli import HarnessCLI
+    from lm_eval._cli import HarnessCLI  # lm-eval only when the help is printed: adaponder-eval imports this module first
 
     cli = HarnessCLI()
     run = next((a.choices["run"] for a in cli._parser._actions if isinstance(a, argparse._SubParsersAction)), None)

@@ -20,17 +20,16 @@ from adaponder.cli.eval_args import check_window_args, checkpoint_parser, docume
 from adaponder.data.tokenizer import as_tokenizer
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
+from adaponder.modeling import AdaPonderConfig
 from adaponder.modeling.input_checks import context_note, context_tokens
 from adaponder.evaluation.perplexity import (TABLE_HEADER, check_vocab, format_row, score_documents,
                                              summarize_by_source)
+from adaponder.evaluation.settings import load_for_eval, load_tokenizer_for, settings_of
+from adaponder.evaluation.token_dump import write_token_dump
 
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    from adaponder.evaluation.settings import load_for_eval, load_tokenizer_for, settings_of
-    from adaponder.evaluation.token_dump import write_token_dump
-    from adaponder.modeling import AdaPonderConfig
-
     p = checkpoint_parser("adaponder-perplexity", description(perplexity.__doc__, __doc__))
     p.add_argument("--dump", default=None, help="per-token dump (.jsonl or .tsv): token, exit pass, NLL")
     p.add_argument("--json", default=None, help="write the summary as JSON here")

@@ -7,8 +7,9 @@ import argparse
 import json
 import sys
 
+from adaponder.resources import find_config
 from adaponder.train import plan
-from adaponder.train.config import TrainConfigError
+from adaponder.train.config import TrainConfigError, load_config
 from adaponder.train.plan import DEVICES, format_plan, make_plan, plan_dict
 
 
@@ -26,8 +27,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="GiB per GPU held back for the CUDA context, NCCL and fragmentation (default 3)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     args = ap.parse_args(argv)
-    from adaponder.resources import find_config
-    from adaponder.train.config import load_config
 
     overrides = [o for group in args.overrides for o in group]
     try:

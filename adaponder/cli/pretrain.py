@@ -25,6 +25,7 @@ import os
 import sys
 
 from adaponder.cli.errors import add_debug_help, cli_main
+from adaponder.resources import find_config
 
 
 @cli_main
@@ -40,11 +41,11 @@ def main(argv=None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
 
-    from adaponder.resources import find_config
+    # torch, transformers and DeepSpeed take seconds to import: --help and a bad argument answer before they load
     from adaponder.train.config import load_config
 
     cfg = load_config(find_config(args.config), args.overrides)  # a TrainConfigError is one line, exit 2 (cli_main)
-    from adaponder.train.trainer import run
+    from adaponder.train.trainer import run  # (lazy, as above)
 
     return run(cfg, args.resume)
 

@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+    # after DS_ACCELERATOR is set (DeepSpeed reads it on import); torch and transformers take seconds to import,
+    # so --help and a bad argument answer before they load
     from adaponder.study import StudyConfigError, load_study_config, run_study
 
     try:

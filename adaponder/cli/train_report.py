@@ -13,6 +13,9 @@ import sys
 
 import torch
 
+from adaponder.data.errors import DataError
+from adaponder.data.loader import iter_eval_batches
+from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.train.report import compute_saved, console_report, evaluate_model, write_report
 
 
@@ -26,10 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batches", type=int, default=None)
     p.add_argument("--out", default=None, help="where to write report.md (default: the model folder)")
     args = p.parse_args(argv)
-
-    from adaponder.data.errors import DataError
-    from adaponder.data.loader import iter_eval_batches
-    from adaponder.modeling import AdaPonderForCausalLM
 
     # The installed adaponder classes, never the modeling code saved in the folder (no trust_remote_code).
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|padding|>")
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special tokens
 
@@ -18,8 +20,6 @@ MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the special toke
 def train_bpe(texts: Iterable[str], vocab_size: int, out_file: str | Path, *, num_texts: int | None = None) -> Path:
     """Train byte-level BPE with ``vocab_size`` entries (special tokens included) on ``texts`` and save it
     as a Hugging Face ``tokenizer.json`` at ``out_file``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     if vocab_size < MIN_VOCAB:
         raise ValueError(f"a byte-level BPE vocabulary needs at least {MIN_VOCAB} entries "
                          f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens), got {vocab_size}")

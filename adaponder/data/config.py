@@ -11,6 +11,8 @@ from pydantic import Field
 
 from adaponder.typed_config import Count, Float
 
+from .indexed import is_indexed_prefix
+
 
 @dataclass
 class DataConfig:
@@ -53,8 +55,6 @@ def resolve_data_format(data: DataConfig) -> None:
     ``data.prepare`` may still have to write."""
     if data.format != "auto":
         return
-    from .indexed import is_indexed_prefix
-
     indexed = data.path is not None and data.prepare is None and is_indexed_prefix(data.path)
     data.format = "indexed" if indexed else "packed"
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
+from .layout import read_meta, split_info, verify_shards
+from .tokenizer import as_tokenizer
 
 if TYPE_CHECKING:
     from .config import DataConfig
@@ -48,7 +50,7 @@ def _digest(path: Path, h: Any, sample: bool) -> None:
 def indexed_fingerprint(prefix: str | os.PathLike[str]) -> str:
     """Fingerprint of the indexed dataset ``PREFIX.idx`` (all of it: the sizes of every item and document) and
     ``PREFIX.bin`` (its size and sampled blocks: the tokens are re-read by no resume)."""
-    from .indexed import bin_path, idx_path
+    from .indexed import bin_path, idx_path  # imports torch: this module stays torch-free for data preparation
 
     h = hashlib.sha256(b"adaponder.indexed/v1;")
     for path, sample in ((idx_path(prefix), False), (bin_path(prefix), True)):
@@ -61,8 +63,6 @@ def indexed_fingerprint(prefix: str | os.PathLike[str]) -> str:
 
 def packed_fingerprint(folder: str | os.PathLike[str], split: str) -> str:
     """Fingerprint of one split of a prepared folder, from its ``meta.json`` (shard hashes of preparation)."""
-    from .layout import read_meta, split_info
-
     meta = read_meta(folder)
     info = split_info(meta, split, folder)
     what = {"tokenizer": meta.get("tokenizer_fingerprint"), "dtype": meta.get("dtype"),
@@ -80,7 +80,7 @@ def source_identity(kind: str, path: str, split: str | None = None) -> dict[str,
 def data_identity(data: DataConfig, with_validation: bool = True) -> dict[str, Any]:
     """``{"train": identity, "val": identity or None}`` of a ``data:`` section (see
     :mod:`adaponder.data.training_source`); ``val`` is None when the run validates on nothing."""
-    from .training_source import training_source, validation_source
+    from .training_source import training_source, validation_source  # imports torch (as .indexed above)
 
     sources = {"train": training_source(data), "val": validation_source(data) if with_validation else None}
     return {name: src and source_identity(src.kind, src.path, src.split) for name, src in sources.items()}
@@ -109,10 +109,6 @@ def check_labelled_corpus(data_dir: str | os.PathLike[str], split: str, tokenize
     ones written with them (the fingerprint stored at generation), and ``tokenizer`` (the model's) is the
     corpus's. A corpus written before labels were fingerprinted has its shards and tokenizer checked only.
     :class:`DataError` names what does not belong."""
-    from .layout import read_meta, split_info, verify_shards
-
-    from .tokenizer import as_tokenizer
-
     folder = Path(data_dir)
     meta = read_meta(folder)
     used = as_tokenizer(tokenizer).fingerprint if tokenizer is not None else None

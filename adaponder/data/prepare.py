@@ -42,15 +42,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from adaponder.run_lock import lock_beside, pid_alive
 from adaponder.errors import os_reason
 
+from .bpe import train_bpe
 from .errors import DataError
 from .in_use import refuse_if_read
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta, shard_name
 from .sources import Source, SourceStats, iter_documents, resolve_inputs
-from .tokenizer import Tokenizer, as_tokenizer
+from .tokenizer import Tokenizer, as_tokenizer, load_tokenizer
 
 DEFAULT_SHARD_TOKENS = 1 << 30  # 2 GiB per uint16 shard
 _BATCH_CHARS = 1 << 18  # documents per task: ~256K characters (a long book is one task of its own)
@@ -278,9 +280,6 @@ def _train_tokenizer(sources: Sequence[Source], text_field: str, errors: str, va
                      vocab_size: int, folder: Path) -> Tokenizer:
     """Train BPE on the documents that will form the train split (the split depends only on the document
     count and ``seed``, so it is known before tokenization) and load it from ``folder/tokenizer.json``."""
-    from .bpe import train_bpe
-    from .tokenizer import load_tokenizer
-
     def documents() -> Iterator[str]:
         for src in sources:
             yield from iter_documents(src, text_field, errors, SourceStats())
@@ -411,8 +410,6 @@ class _Tokenized:
 def _tokenize_into(stream_path: Path, sources: Sequence[Source], tok: Tokenizer, dtype: np.dtype, num_workers: int,
                    text_field: str, errors: str, progress: bool) -> _Tokenized:
     """Tokenize every document of ``sources`` (EOD after each) into ``stream_path``, in order."""
-    from tqdm.auto import tqdm
-
     stats = [SourceStats() for _ in sources]
     source_tokens = np.zeros(len(sources), dtype=np.int64)
     all_lengths: list[np.ndarray] = []

@@ -44,9 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from .errors import DataError
+from .fingerprint import labels_fingerprint
 from .layout import FORMAT, META_FILE, docs_name, dtype_for_vocab, read_meta
+from .prepare import TOKENIZER_FILE, _ShardWriter
+from .tokenizer import load_tokenizer
 
 TASKS = ("multihop",)
 STRUCTURE, PROMPT, FILLER = 0, -1, -2
@@ -122,8 +126,6 @@ class Vocabulary:
 
     def save_tokenizer(self, path: Path) -> None:
         """A Hugging Face word-level ``tokenizer.json``: one token per whitespace-separated word."""
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
         tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(self.tokens)}, unk_token=PAD))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
@@ -220,10 +222,6 @@ def write_multihop(out_dir: str | os.PathLike[str], spec: MultiHopSpec = MultiHo
                    overwrite: bool = False) -> dict[str, Any]:
     """Generate the corpus of ``spec`` into ``out_dir`` (a prepared data folder plus label arrays); returns
     its metadata. The folder appears complete or not at all (written beside it, then renamed)."""
-    from .fingerprint import labels_fingerprint
-    from .prepare import TOKENIZER_FILE, _ShardWriter
-    from .tokenizer import load_tokenizer
-
     problems = spec.problems()
     if problems:
         raise DataError("multi-hop corpus: " + "; ".join(problems))

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import zstandard
+
 from .errors import DataError, DecodingError, EmptyInputError, InputNotFoundError, RecordError
 
 COMPRESSIONS = {".gz": "gz", ".zst": "zst", ".zstd": "zst", ".xz": "xz", ".bz2": "bz2"}
@@ -244,16 +246,12 @@ def _decompressing(raw: IO[bytes], compression: str | None) -> IO[bytes]:
     if compression == "bz2":
         return io.BufferedReader(bz2.BZ2File(raw), _CHUNK)  # type: ignore[arg-type]
     if compression == "zst":
-        import zstandard
-
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
         return io.BufferedReader(reader, _CHUNK)  # type: ignore[arg-type]
     raise ValueError(compression)
 
 
 def _decompress_errors() -> tuple[type[BaseException], ...]:
-    import zstandard
-
     return (EOFError, OSError, lzma.LZMAError, zstandard.ZstdError)
 
 
@@ -364,6 +362,7 @@ def _check_column_values(values: list[Any], text_field: str, where: str, first_r
 
 
 def _iter_parquet(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
+    # pyarrow takes a noticeable time to import: only parquet inputs need it, not every tokenizer worker
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -401,7 +400,7 @@ def _iter_text_column(parts, text_field: str, stats: SourceStats, where_of, hint
     """The non-empty values of column ``text_field`` of each ``(split name, dataset)`` in ``parts`` (map-style or
     streaming), counted in ``stats``; ``where_of(name)`` names a split in errors, ``hint`` says how to choose
     another column. Raises :class:`EmptyInputError` when no value is left."""
-    import datasets
+    import datasets  # seconds to import: only Hugging Face dataset inputs need it, not every tokenizer worker
 
     rows = 0
     for name, ds in parts:
@@ -423,7 +422,7 @@ def _iter_text_column(parts, text_field: str, stats: SourceStats, where_of, hint
 
 
 def _iter_hf_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
-    import datasets
+    import datasets  # seconds to import: only Hugging Face dataset inputs need it, not every tokenizer worker
 
     stats.sha256, stats.bytes = _sha256_tree(src.path)
     try:
@@ -442,7 +441,7 @@ def _hub_offline() -> bool:
 
 
 def _load_hub(src: Source):
-    import datasets
+    import datasets  # seconds to import: only Hugging Face dataset inputs need it, not every tokenizer worker
 
     config, split, streaming = src.hub or (None, None, False)
     name = str(src.path)
@@ -472,7 +471,7 @@ def _load_hub(src: Source):
 
 
 def _iter_hub_dataset(src: Source, text_field: str, stats: SourceStats) -> Iterator[str]:
-    import datasets
+    import datasets  # seconds to import: only Hugging Face dataset inputs need it, not every tokenizer worker
 
     loaded, what = _load_hub(src)
     config, split, streaming = src.hub or (None, None, False)

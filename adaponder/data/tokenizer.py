@@ -22,6 +22,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
+from tokenizers import Tokenizer as HFTokenizer
+
 from .errors import DataError, InputNotFoundError
 
 BUNDLED_NAME = "gpt-neox-20b"
@@ -148,12 +151,8 @@ class Tokenizer:
         serialized = state.pop("_serialized")
         self.__dict__.update(state)
         if self.kind == "hf":
-            from tokenizers import Tokenizer as HFTokenizer
-
             self._backend = HFTokenizer.from_str(serialized)
         else:
-            import sentencepiece as spm
-
             self._backend = spm.SentencePieceProcessor(model_proto=serialized)
 
 
@@ -193,8 +192,6 @@ def _pick_token(candidates: Sequence[str], lookup: Any) -> tuple[str, int] | Non
 
 
 def _load_hf(path: Path, name: str, eod_token: str | None, pad_token: str | None) -> Tokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-
     try:
         raw = path.read_bytes()
         if path.suffix == ".gz":
@@ -243,8 +240,6 @@ def _resolve_special(
 
 
 def _load_sentencepiece(path: Path, name: str, eod_token: str | None, pad_token: str | None) -> Tokenizer:
-    import sentencepiece as spm
-
     try:
         proto = path.read_bytes()
         backend = spm.SentencePieceProcessor(model_proto=proto)

@@ -24,6 +24,9 @@ import torch
 from .config import DataConfig
 from .cursor import TokenLoader, first_batches
 from .errors import DataError
+from .indexed import IndexedLoader, is_indexed_prefix, strip_suffix
+from .loader import PackedLoader
+from .prepare import TOKENIZER_FILE
 
 
 @dataclass(frozen=True)
@@ -41,12 +44,8 @@ def _loader(src: DataSource, data: DataConfig, *, seq_len: int, micro_batch: int
     """The loader of ``src``: shuffled and infinite for training, one unshuffled pass otherwise."""
     order = {} if training else {"shuffle": False, "infinite": False}
     if src.kind == "indexed":
-        from .indexed import IndexedLoader
-
         return IndexedLoader(src.path, src.order, seq_len, micro_batch, rank, world_size, seed, vocab_size,
                              eod_id=tokenizer.eod_id, append_eod=data.append_eod, **order)
-    from .loader import PackedLoader
-
     return PackedLoader(src.path, split=src.split, seq_len=seq_len, micro_batch_size=micro_batch, rank=rank,
                         world_size=world_size, seed=seed, tokenizer_fingerprint=tokenizer.fingerprint,
                         vocab_size=vocab_size, **order)
@@ -72,8 +71,6 @@ def tokenizer_path(data: DataConfig, backbone: str | None = None) -> str | None:
     """The run's tokenizer file: ``data.tokenizer``; else the one saved next to the prepared shards (trained by
     ``adaponder-prepare --train-tokenizer``); else a local ``backbone`` checkpoint folder's ``tokenizer.json``
     (the vocabulary its embeddings were trained on); else ``None``, the bundled Pythia tokenizer."""
-    from .prepare import TOKENIZER_FILE
-
     if data.tokenizer is not None:
         return data.tokenizer
     for folder in (data.path, backbone):
@@ -85,8 +82,6 @@ def tokenizer_path(data: DataConfig, backbone: str | None = None) -> str | None:
 def validation_source(data: DataConfig) -> DataSource:
     """The validation data: ``data.val_path`` (a prepared folder or an indexed PREFIX), else ``data.path``'s
     ``val`` split."""
-    from .indexed import is_indexed_prefix, strip_suffix
-
     if data.val_path:
         if (Path(data.val_path) / "meta.json").is_file():
             return DataSource("packed", data.val_path, split=data.val_split)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from adaponder.arg_checks import number_list
 from adaponder.modeling.configuration_adaponder import halting_threshold_problem
 from adaponder.modeling.run_settings import RunSettings
 
@@ -23,8 +24,6 @@ def parse_taus(text: str | Sequence[float] | None) -> list[float]:
     if text is None:
         return list(DEFAULT_TAUS)
     if isinstance(text, str):  # a command-line list: a bad item is named with the argument
-        from adaponder.arg_checks import number_list
-
         vals = number_list(text, "--taus", float, what="τ", check=lambda t: not halting_threshold_problem(t),
                            expected="comma-separated numbers in (0, 1), e.g. 0.5,0.7,0.9")
     else:

@@ -30,10 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from adaponder.data.fingerprint import check_labelled_corpus
+from adaponder.data.layout import read_meta
+from adaponder.data.reasoning import read_token_labels
 from adaponder.modeling.run_settings import RunSettings
 
-from .perplexity import TokenScores
+from .perplexity import TokenScores, load_documents, score_documents
+from .pruning import FIXED_RULES, make_policy
 
 #: Class codes of the non-answer labels (see :mod:`adaponder.data.reasoning`); answers are labelled H >= 1.
 CLASSES = {"structure": 0, "prompt": -1, "filler": -2}
@@ -43,7 +48,7 @@ PROMPT_KINDS = ("hop_marker", "query_symbol")
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's rank correlation (average ranks for ties); NaN when either side is constant or empty."""
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # scipy.stats takes seconds to import: only this figure needs it
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
@@ -123,8 +128,6 @@ def by_difficulty(scores: TokenScores, labels: np.ndarray, symbols: np.ndarray |
 
 def _flops(model, exits: np.ndarray, context: int | None) -> dict[str, float]:
     """FLOPs per token by part (A17: backbone, every head product, pondering, gates) at these exit passes."""
-    import torch
-
     return {k: float(v) for k, v in model.flops_per_token(torch.as_tensor(exits), context=context).items()}
 
 
@@ -147,13 +150,6 @@ def evaluate_difficulty(model, data_dir: str | Path, tokenizer, split: str = "va
                         pruning_seeds: Sequence[int] = (0,), settings: RunSettings | None = None) -> dict[str, Any]:
     """Score ``split`` of a labelled corpus with ``model`` and return :func:`by_difficulty`'s tables, plus
     ``fixed_pruning`` (rule → per-seed tables at the learned mean exit pass) for gated models."""
-    from adaponder.data.fingerprint import check_labelled_corpus
-    from adaponder.data.layout import read_meta
-    from adaponder.data.reasoning import read_token_labels
-
-    from .perplexity import load_documents, score_documents
-    from .pruning import FIXED_RULES, make_policy
-
     check_labelled_corpus(data_dir, split, tokenizer)  # labels and tokenizer of this corpus, shards unchanged
     labels = read_token_labels(data_dir, split)
     docs = load_documents(data_dir, tokenizer, split=split)

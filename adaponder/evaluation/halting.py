@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from .perplexity import TokenScores
 from .token_dump import token_texts
@@ -37,8 +38,6 @@ def greedy_changed_share(model, docs, window: int, batch_size: int, eod_id: int)
     """The share of held-out positions whose greedy token under the model's output (each token's exit-pass
     logits) differs from pass 1's: how often passes 2..K change a choice, not just its probability. Each document
     is read as ``[EOD] + tokens`` in windows of ``window`` inputs that do not overlap."""
-    import torch
-
     windows = []
     for doc in docs:
         inputs = torch.tensor([eod_id, *doc.ids.tolist()[:-1]], dtype=torch.long)  # positions that predict a token

@@ -48,11 +48,15 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import adaponder.modeling  # noqa: F401  (registers the AdaPonder config/model with transformers' Auto classes)
+from adaponder.data import bundled_corpus_dir
+from adaponder.data.tokenizer import as_tokenizer
+from adaponder.errors import UsageError
 from adaponder.hub import checkpoint_source
 from adaponder.modeling.exits import exit_counts
 from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
+from .perplexity import load_documents, score_documents
 from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SpeculativeConfig
@@ -72,8 +76,6 @@ def _as_int(v, name: str = "value"):
             raise ValueError
         return int(v) if isinstance(v, (int, float)) else int(str(v).strip())
     except ValueError:
-        from adaponder.errors import UsageError
-
         raise UsageError(f"--model_args {name}={v}: not an integer; expected a whole number (e.g. {name}=4)") from None
 
 
@@ -83,8 +85,6 @@ def _as_float(v, name: str = "value"):
     try:
         return float(v)
     except (TypeError, ValueError):
-        from adaponder.errors import UsageError
-
         raise UsageError(f"--model_args {name}={v}: not a number; expected a number (e.g. {name}=0.5)") from None
 
 
@@ -159,13 +159,7 @@ class AdaPonderLM(HFLM):
 
     # -- fixed-pruning target ------------------------------------------------------------------------
     def _calibrate(self, data: str | None, max_tokens: int) -> float:
-        from adaponder.data.tokenizer import as_tokenizer
-
-        from .perplexity import load_documents, score_documents
-
         if data is None:
-            from adaponder.data import bundled_corpus_dir
-
             data = str(bundled_corpus_dir())
         docs = load_documents(data, self.tokenizer, max_tokens=max_tokens)
         codec = as_tokenizer(self.tokenizer)

@@ -34,8 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from adaponder.data.errors import EmptyInputError, VocabRangeError
+from adaponder.data.layout import split_documents, split_stream
 from adaponder.data.tokenizer import Tokenizer, as_tokenizer
 from adaponder.errors import UsageError
 from adaponder.modeling.exits import exit_histogram
@@ -104,8 +106,6 @@ def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int
     """A prepared split as training-time validation reads it (see the module doc): sample ``i`` is
     ``stream[i*window : (i+1)*window + 1]`` for ``i < (len(stream) - 1) // window`` (the loader's count), capped
     at ``max_tokens // window`` samples. Returned as one :class:`Document` whose first token is context only."""
-    from adaponder.data.layout import split_stream
-
     path = Path(path)
     if not (path.is_dir() and (path / "meta.json").is_file()):
         raise UsageError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
@@ -141,8 +141,6 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
         if window is None:
             raise UsageError("--packing stream needs --window (the training run's data.seq_len)")
         return [load_stream(src, tokenizer, window, max_tokens, split) for src in sources]
-    from adaponder.data.layout import split_documents
-
     codec = as_tokenizer(tokenizer)
     docs: list[Document] = []
     left = max_tokens
@@ -252,8 +250,6 @@ def score_documents(model, docs: Sequence[Document], window: int | None = None, 
                                                           "correct")}
     iterator = range(0, len(order), batch_size)
     if progress:
-        from tqdm import tqdm
-
         iterator = tqdm(iterator, desc="scoring windows", unit="batch")
     for start in iterator:
         batch = [jobs[j] for j in order[start:start + batch_size]]

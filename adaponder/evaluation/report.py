@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import adaponder
 from adaponder.modeling.exit_rules import FirstPassOnly, NoHalting
 from adaponder.modeling.run_settings import RunSettings
+from adaponder.resources import task_dir
 
 from .accounting import ONE_PASS_BASELINE
 from .dial import dial_table
@@ -41,8 +43,6 @@ DEFAULT_MAX_TOKENS = 8192  # per --data entry; --max-tokens 0 scores everything
 
 
 def _repo_root() -> Path:
-    import adaponder
-
     return Path(adaponder.__file__).resolve().parents[1]
 
 
@@ -101,9 +101,7 @@ def iso_flops(model, docs, score_kw: dict, target: float, seed: int) -> dict[str
 
 def task_manager(include_path: str | None = None):
     """lm-eval's ``TaskManager`` with ``include_path`` (default: the repo's ``eval/tasks``)."""
-    from lm_eval.tasks import TaskManager
-
-    from adaponder.resources import task_dir
+    from lm_eval.tasks import TaskManager  # lm-eval takes seconds to import: only the lm-eval section needs it
 
     include = include_path or (str(task_dir()) if task_dir() else None)
     return TaskManager(include_path=include) if include else TaskManager()
@@ -122,6 +120,7 @@ def run_lm_eval(checkpoint: str, settings, tasks: Sequence[str], shots: Sequence
     A task whose data file is missing (the local tasks raise ``FileNotFoundError`` naming it) gives a row
     with ``error`` and the other tasks still run; every other exception propagates, so a bug fails the run
     instead of becoming a table row. ``tm``: a ``TaskManager`` (default: :func:`task_manager`)."""
+    # lm-eval takes seconds to import (the model module imports it too): only the lm-eval section needs it
     from lm_eval import simple_evaluate
 
     from .lm_eval_model import AdaPonderLM

@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from adaponder.data import load_tokenizer
+from adaponder.errors import UsageError
+from adaponder.hub import checkpoint_source
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import DEFAULT_TAU, RunSettings
+from adaponder.train.finite_weights import NonFiniteWeightsError, first_nonfinite
 
 from .pruning import FIXED_RULES, make_policy
 
@@ -92,8 +99,6 @@ class RecurrenceSettings:
 def trained_passes(model) -> int:
     """K the checkpoint was trained with: the ``passes`` of the ``config.json`` it was loaded from (a model built
     to run fewer passes leaves the later gates unused), else gates + 1 for gated models, else ``config.passes``."""
-    from adaponder.modeling import AdaPonderConfig
-
     source = str(getattr(model.config, "_name_or_path", "") or "")
     if source and os.path.isfile(os.path.join(source, "config.json")):
         return AdaPonderConfig.from_pretrained(source).num_passes
@@ -109,8 +114,6 @@ def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = Non
     pondering step); ``vanilla`` runs exactly one pass."""
     values: dict[str, Any] = {}
     if passes is not None:
-        from adaponder.modeling import AdaPonderConfig
-
         cfg = AdaPonderConfig.from_pretrained(os.fspath(checkpoint))
         passes = int(passes)
         if passes < 1:
@@ -145,15 +148,9 @@ def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_
 def load_tokenizer_for(checkpoint: str | os.PathLike, revision: str | None = None):
     """The checkpoint's own tokenizer if it has one, else the bundled Pythia (GPT-NeoX-20B) tokenizer.
     ``checkpoint`` is a folder or a hub id (at ``revision``; :func:`adaponder.hub.checkpoint_source`)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    from adaponder.hub import checkpoint_source
-
     path = os.fspath(checkpoint_source(checkpoint, revision))
     if any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(path)
-    from adaponder.data import load_tokenizer
-
     tok = load_tokenizer()
     return PreTrainedTokenizerFast(tokenizer_object=tok._backend, eos_token="<|endoftext|>",
                                    bos_token="<|endoftext|>", pad_token="<|padding|>")
@@ -164,9 +161,6 @@ def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None,
     """``(model, tokenizer)`` in eval mode on ``device``, built with K (see :func:`recurrence_overrides`).
     ``checkpoint`` is a folder or a hub id (at ``revision``), resolved as ``init.backbone`` is
     (:func:`adaponder.hub.checkpoint_source`)."""
-    from adaponder.hub import checkpoint_source
-    from adaponder.modeling import AdaPonderForCausalLM
-
     path = os.fspath(checkpoint_source(checkpoint, revision))
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: not a checkpoint directory (no config.json)")
@@ -183,10 +177,6 @@ def require_readable_weights(checkpoint: str | os.PathLike) -> None:
     """Every ``*.safetensors`` file of a checkpoint folder must open (its header read and its size checked
     against the tensors it lists; nothing else is read): a truncated or damaged file is named, with safetensors'
     reason, instead of a deserializing error that names no file."""
-    from safetensors import SafetensorError, safe_open
-
-    from adaponder.errors import UsageError
-
     folder = os.fspath(checkpoint)
     for name in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
         try:
@@ -201,8 +191,6 @@ def require_readable_weights(checkpoint: str | os.PathLike) -> None:
 def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
     """Refuse weights holding NaN or inf (every score would be NaN): :class:`NonFiniteWeightsError` naming the
     weights file and the first such tensor."""
-    from adaponder.train.finite_weights import NonFiniteWeightsError, first_nonfinite
-
     found = first_nonfinite(model.named_parameters())
     if found:
         path = os.fspath(checkpoint)

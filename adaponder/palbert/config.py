@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
+import yaml
 from pydantic import Field
 
 from adaponder import typed_config
@@ -217,8 +218,6 @@ class FinetuneConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        import yaml
-
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @property

@@ -218,7 +218,7 @@ class FineTuner(EvaluationPhases, RunHarness):
         cfg, t = self.cfg, self.cfg.train
         groups = self.model.param_groups(t.lr, t.lambda_lr, t.weight_decay)
         if cfg.deepspeed.offload_optimizer != "none":
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            from deepspeed.ops.adam import DeepSpeedCPUAdam  # DeepSpeed is heavy: imported only for CPU offload
 
             opt = DeepSpeedCPUAdam(groups, adamw_mode=False)  # Adam (B8), as below
         else:

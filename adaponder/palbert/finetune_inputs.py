@@ -11,6 +11,7 @@ import torch
 from adaponder.core_modes import classifier_core_mode
 from adaponder.data.tokenizer import Tokenizer, load_tokenizer
 from adaponder.hub import HubError, resolve_pretrained
+from adaponder.modeling import AdaPonderForCausalLM, pythia_config
 from adaponder.palbert.classifier import AdaPonderForSequenceClassification
 from adaponder.palbert.config import FinetuneConfig
 from adaponder.palbert.glue import GlueDataError, GlueTaskSpec
@@ -69,8 +70,6 @@ def build_classifier(cfg: FinetuneConfig, init: str, spec: GlueTaskSpec, seed: i
                      ) -> AdaPonderForSequenceClassification:
     """The classifier of ``cfg.model`` on the core of ``init`` (a checkpoint directory, or :data:`TINY_RANDOM`
     for the ``tiny`` preset randomly initialised, shape overrides from ``model.random_shape``)."""
-    from adaponder.modeling import AdaPonderForCausalLM, pythia_config
-
     m, lo = cfg.model, cfg.loss
     fields = dict(pooler=m.pooler, classifier_dropout=m.classifier_dropout, lambda_layers=m.lambda_layers,
                   lambda_dropout=m.lambda_dropout, lambda_init_bias=m.lambda_init_bias, ponder_beta=lo.beta,

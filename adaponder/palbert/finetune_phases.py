@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from adaponder.palbert.classifier import (
     AdaPonderForSequenceClassification,
@@ -57,8 +58,6 @@ class EvaluationPhases:
     def _bar(self, total: int, desc: str, unit: str = "batch", leave: bool = True):
         if self.rank != 0 or not self.cfg.logging.progress_bar:
             return _NoBar()
-        from tqdm.auto import tqdm
-
         return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr, mininterval=1.0,
                     leave=leave)
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from adaponder.palbert.glue import GlueExample, get_task, load_glue_split
+
 DEFAULT_HF_GLUE = "nyu-mll/glue"
 SPLITS = {"train": "train", "dev": "validation"}
 #: The official column names and label names of nyu-mll/glue (label names index = class id).
@@ -47,14 +49,12 @@ class GlueDatasetError(ValueError):
 
 
 def _task(task: str) -> str:
-    from adaponder.palbert.glue import get_task
-
     return get_task(task).name
 
 
 def features(task: str):
     """The ``datasets.Features`` of ``task`` in nyu-mll/glue."""
-    import datasets
+    import datasets  # seconds to import: only GLUE read through Hugging Face datasets needs it
 
     schema = SCHEMA[_task(task)]
     cols = {c: datasets.Value("string") for c in schema["text"]}
@@ -67,9 +67,7 @@ def features(task: str):
 def tsv_to_dataset(glue_dir: str | os.PathLike[str], task: str):
     """The TSV files ``<glue_dir>/<TaskDir>/{train,dev}.tsv`` of ``task`` as a ``DatasetDict`` in the official
     schema (splits ``train`` and ``validation``)."""
-    import datasets
-
-    from adaponder.palbert.glue import load_glue_split
+    import datasets  # seconds to import: only GLUE read through Hugging Face datasets needs it
 
     name = _task(task)
     schema = SCHEMA[name]
@@ -93,7 +91,7 @@ def _offline() -> bool:
 
 def open_split(source: str | os.PathLike[str] | None, task: str, split: str, revision: str | None = None):
     """The ``datasets.Dataset`` of ``task``'s ``split`` (``train``/``dev``/``validation``) from ``source``."""
-    import datasets
+    import datasets  # seconds to import: only GLUE read through Hugging Face datasets needs it
 
     name = _task(task)
     hf_split = SPLITS.get(split, split)
@@ -127,8 +125,6 @@ def load_glue_dataset_split(source: str | os.PathLike[str] | None, task: str, sp
                             revision: str | None = None) -> list:
     """The examples of ``task``'s ``split`` from a ``datasets`` source, as :class:`GlueExample` objects equal
     (texts, label, order) to :func:`adaponder.palbert.glue.load_glue_split`'s; ``line`` is the 1-based row."""
-    from adaponder.palbert.glue import GlueExample
-
     name = _task(task)
     schema = SCHEMA[name]
     ds = open_split(source, name, split, revision)
@@ -169,8 +165,6 @@ def load_glue_examples(task: str, split: str, *, glue_dir: str | os.PathLike[str
     if glue_dir is None:
         raise GlueDatasetError("no GLUE data: give a TSV folder (--data-dir / $ADAPONDER_GLUE_DIR) or a datasets "
                                f"name or saved folder (e.g. {DEFAULT_HF_GLUE})")
-    from adaponder.palbert.glue import load_glue_split
-
     return load_glue_split(glue_dir, task, split)
 
 

@@ -89,7 +89,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 def accuracy(preds: Any, labels: Any) -> float:
     """Fraction of exact matches (``sklearn.metrics.accuracy_score``)."""
-    from sklearn import metrics as skm
+    from sklearn import metrics as skm  # seconds to import: on first use (see the module doc)
 
     p, y = _pair(preds, labels)
     return float(skm.accuracy_score(y, p))
@@ -99,7 +99,7 @@ def matthews_corrcoef(preds: Any, labels: Any) -> float:
     """Matthews correlation coefficient (``sklearn.metrics.matthews_corrcoef``, multiclass form). 0.0 when
     it is undefined (a constant prediction, or a single class in labels and predictions together) — the
     majority-class score on CoLA."""
-    from sklearn import metrics as skm
+    from sklearn import metrics as skm  # seconds to import: on first use (see the module doc)
 
     p, y = _pair(preds, labels)
     if np.unique(np.concatenate([y, p])).size < 2:
@@ -110,7 +110,7 @@ def matthews_corrcoef(preds: Any, labels: Any) -> float:
 def f1_binary(preds: Any, labels: Any, pos_label: int = 1) -> float:
     """Binary F1 of the positive class (``sklearn.metrics.f1_score``); 0.0 when there are neither positive
     labels nor positive predictions."""
-    from sklearn import metrics as skm
+    from sklearn import metrics as skm  # seconds to import: on first use (see the module doc)
 
     p, y = _pair(preds, labels)
     return float(skm.f1_score(y, p, pos_label=pos_label, average="binary", zero_division=0.0))
@@ -124,7 +124,7 @@ def _correlatable(x: np.ndarray, z: np.ndarray) -> bool:
 
 def _correlation(preds: Any, labels: Any, kind: str) -> float:
     """``scipy.stats.pearsonr`` / ``spearmanr`` (``kind``) of the pair; NaN where it is not defined."""
-    from scipy import stats
+    from scipy import stats  # seconds to import: on first use (see the module doc)
 
     p, y = _pair(preds, labels)
     x, z = p.astype(np.float64), y.astype(np.float64)
@@ -140,7 +140,7 @@ def pearson(preds: Any, labels: Any) -> float:
 
 def rankdata_average(x: Any) -> np.ndarray:
     """1-based ranks with ties given their average rank (``scipy.stats.rankdata(method="average")``)."""
-    from scipy import stats
+    from scipy import stats  # seconds to import: on first use (see the module doc)
 
     return stats.rankdata(_to_numpy(x).reshape(-1), method="average")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adaponder.data.tokenizer import load_tokenizer
+
 from .config import FinetuneConfigError
 
 
@@ -25,8 +27,6 @@ def _model_vocab_size(init_dir: str) -> int | None:
 def check_tokenizer_fits(init_dir: str, tokenizer_path: str | None) -> None:
     """Raise :class:`FinetuneConfigError` naming both vocabulary sizes when the tokenizer yields ids the model
     at ``init_dir`` cannot embed, and suggest the checkpoint's own tokenizer when it holds one."""
-    from adaponder.data.tokenizer import load_tokenizer
-
     model_vocab = _model_vocab_size(init_dir)
     if model_vocab is None:
         return

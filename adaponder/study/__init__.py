@@ -12,6 +12,11 @@ import hashlib
 import json
 from pathlib import Path
 
+from adaponder.data import bundled_corpus_dir
+from adaponder.data.prepare import prepare
+from adaponder.data.reasoning import MultiHopSpec, write_multihop
+from adaponder.run_lock import lock_folder
+
 from .arms import arm_id, load_result, refresh_training, run_arm
 from .config import StudyConfig, StudyConfigError, load_study_config
 
@@ -19,16 +24,11 @@ from .config import StudyConfig, StudyConfigError, load_study_config
 def prepare_data(cfg: StudyConfig, log=print, data_seed: int | None = None) -> Path:
     """Tokenize the corpus once (BPE trained on the train split) into ``<runs_dir>/data-<hash>``, or generate the
     configured synthetic task there (with ``data_seed`` as the task's seed, when given)."""
-    from adaponder.data import bundled_corpus_dir
-    from adaponder.data.prepare import prepare
-
     key = hashlib.sha256(json.dumps(cfg.data_identity(data_seed), sort_keys=True).encode()).hexdigest()[:12]
     out = Path(cfg.study.runs_dir) / f"data-{key}"
     if (out / "meta.json").is_file():
         return out
     if cfg.data.task == "multihop":
-        from adaponder.data.reasoning import MultiHopSpec, write_multihop
-
         log(f"== generating the multihop task into {out}" + ("" if data_seed is None else f" (data seed {data_seed})"))
         write_multihop(out, MultiHopSpec(**cfg.task_options(data_seed)), overwrite=out.exists())
         return out
@@ -51,8 +51,6 @@ def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh
     """Run every (arm, seed, data seed) not finished yet, then write the report. Returns the report's path.
     ``refresh`` first re-reads the training summary of every finished arm whose run folder is still there;
     ``train_only`` trains what is missing and writes neither results nor the report (returns None)."""
-    from adaponder.run_lock import lock_folder
-
     # One study per study folder: a second one would re-run an arm's final validation and export, and append
     # to its metrics, while the first is still at work on it.
     with lock_folder(cfg.study.runs_dir, "study folder"):
@@ -60,7 +58,7 @@ def run_study(cfg: StudyConfig, command: str, only_report: bool = False, refresh
 
 
 def _run_study(cfg: StudyConfig, command: str, only_report: bool, refresh: bool, log, train_only: bool) -> Path | None:
-    from .report import write_report
+    from .report import write_report  # draws with matplotlib (a second to import): --train-only never loads it
 
     runs = cfg.arm_runs()
     data_dirs = {ds: prepare_data(cfg, log, ds) for ds in dict.fromkeys(ds for _, _, ds in runs)}

@@ -15,8 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from adaponder.data.reasoning import has_token_labels
+from adaponder.evaluation.dial import sweep_tau
+from adaponder.evaluation.difficulty import difficulty_by_tau, evaluate_difficulty
+from adaponder.evaluation.halting import greedy_changed_share, nll_by_exit_pass
+from adaponder.evaluation.perplexity import load_documents, score_documents, summarize
+from adaponder.evaluation.pruning import FIXED_RULES, make_policy
+from adaponder.evaluation.settings import load_for_eval
 from adaponder.jsonio import json_safe, write_json_atomic
 from adaponder.modeling.exit_rules import NoHalting
 from adaponder.modeling.run_settings import RunSettings
@@ -161,14 +169,6 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     """Held-out perplexity, mean exit pass and inference FLOPs/token of the exported checkpoint; for gated
     arms also NLL by exit pass, fixed pruning (uniform, geometric) at the learned mean exit pass, and the τ
     dial. Windows: the training length, not overlapping (every token scored once)."""
-    import torch
-
-    from adaponder.evaluation.dial import sweep_tau
-    from adaponder.evaluation.halting import nll_by_exit_pass
-    from adaponder.evaluation.perplexity import load_documents, score_documents, summarize
-    from adaponder.evaluation.pruning import FIXED_RULES, make_policy
-    from adaponder.evaluation.settings import load_for_eval
-
     t0 = time.perf_counter()
     torch.manual_seed(0)
     train_cfg = yaml.safe_load((run_dir / "arm.yaml").read_text())
@@ -181,8 +181,6 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                            "parameters": model.parameter_counts(), "passes": int(model.config.num_passes),
                            "mode": model.config.mode, "window": window}
     if model.config.ponders and model.config.num_passes > 1:
-        from adaponder.evaluation.halting import greedy_changed_share
-
         out["greedy_changed_by_later_passes"] = greedy_changed_share(model, docs, window, cfg.eval.batch_size,
                                                                      tok.eos_token_id)
     if model.config.gated:
@@ -204,11 +202,7 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         # Reference points on the same trained model: no halting (every token runs K passes).
         out["no_halting"] = json_safe(summarize(score_documents(model, docs, settings=_NEVER_HALT, **score_kw),
                                              docs, model))
-    from adaponder.data.reasoning import has_token_labels
-
     if has_token_labels(data_dir):  # a corpus with per-token difficulty (adaponder.data.reasoning)
-        from adaponder.evaluation.difficulty import difficulty_by_tau, evaluate_difficulty
-
         out["difficulty"] = json_safe(evaluate_difficulty(model, data_dir, tok, batch_size=cfg.eval.batch_size,
                                                           pruning_seeds=cfg.eval.pruning_seeds))
         if model.config.gated:

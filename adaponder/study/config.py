@@ -19,13 +19,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
 from adaponder import typed_config
+from adaponder.data.reasoning import MultiHopSpec
+from adaponder.train.config import BACKBONE_SHAPE_KEYS, TrainConfigError, apply_overrides, config_from_dict
 from adaponder.typed_config import Count, Float, Int, NonNegativeInt
 
 
@@ -152,8 +154,6 @@ class StudyConfig:
         overrides += [f"train.seed={seed}", f"data.path={data_dir}", f"train.out_dir={out_dir}"]
         if source is not None:
             overrides.append(f"init.backbone={(arm_dirs or {}).get(source, f'<arm {source}>')}")
-        from adaponder.train.config import BACKBONE_SHAPE_KEYS, apply_overrides
-
         raw = apply_overrides(copy.deepcopy(self.base), overrides)
         if source is not None:  # the shape is the source checkpoint's
             for key in BACKBONE_SHAPE_KEYS:
@@ -247,10 +247,6 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
         elif arm in chosen and chosen.index(src) > chosen.index(arm):
             problems.append(f"arms.{arm}.from_arm: {src!r} must come before {arm!r} in the arms' order")
     if cfg.data.task == "multihop":
-        from dataclasses import fields
-
-        from adaponder.data.reasoning import MultiHopSpec
-
         known = {f.name for f in fields(MultiHopSpec)}
         unknown = sorted(set(cfg.data.task_options) - known)
         problems += [f"data.task_options.{k}: not an option of the multihop task (options: {', '.join(sorted(known))})"
@@ -261,8 +257,6 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
             except TypeError as err:
                 problems.append(f"data.task_options: {err}")
     if base:  # every arm must be a valid training config (reported with the other problems)
-        from adaponder.train.config import TrainConfigError, config_from_dict
-
         for arm in arms:
             try:
                 config_from_dict(cfg.train_raw(arm, cfg.study.seed, "<data>", "<out>"), f"arm {arm}")

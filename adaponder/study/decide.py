@@ -16,6 +16,8 @@ from statistics import mean
 
 import numpy as np
 
+from adaponder.data.reasoning import MultiHopSpec, permutation, symbol_sets
+
 from . import intervals as iv
 
 SEPARATION = 0.20     # ponderlm must beat vanilla by this much at two hops
@@ -40,8 +42,6 @@ def _levels(results: Sequence[Mapping]) -> list[int]:
 def chance_floor(task_options: Mapping, h: int) -> float:
     """Share of the test symbols ``x`` with ``f^h(x) = f(x)``: what a model that answers one hop scores at ``h``
     (held-out symbols on a short cycle of ``f``)."""
-    from adaponder.data.reasoning import MultiHopSpec, permutation, symbol_sets
-
     spec = MultiHopSpec(**task_options)
     f, xs = permutation(spec), symbol_sets(spec)["test"]
     y = xs.copy()

@@ -13,6 +13,7 @@ from pathlib import Path
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from adaponder.evaluation.pruning import FIXED_RULES
 from adaponder.plotting import (LINE_MARKERS, POLICY_HATCH, POLICY_MARKERS, arm_color, figure, footer,
                                 legend_outside, readable_log_ticks, save)
 
@@ -23,8 +24,6 @@ Note = Callable[[Sequence[Mapping]], str]
 
 def pruning_markers() -> list[tuple[str, str]]:
     """``(rule, marker)`` for every fixed-pruning rule; a rule without a marker is an error, not a silent gap."""
-    from adaponder.evaluation.pruning import FIXED_RULES  # loads torch: only when a report is drawn
-
     missing = [rule for rule in FIXED_RULES if rule not in POLICY_MARKERS]
     if missing:
         raise LookupError(f"no plot marker for fixed-pruning rule(s) {', '.join(missing)} "

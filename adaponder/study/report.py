@@ -14,6 +14,7 @@ from typing import Any
 
 from adaponder.plotting import short_path
 
+from . import decide, difficulty_report, gate_report, trend
 from .arms import result_id
 from .config import StudyConfig
 from .plots import exit_histograms_png, nll_by_exit_png, pareto_png, training_curves_png
@@ -292,15 +293,9 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     L = _header(cfg, figs, command, pending)
     L += _setup_section(cfg, data_meta)
     L += _results_section(results)
-    from .difficulty_report import section
-
-    from . import trend
-
-    from . import decide
-
     L += decide.section(results, cfg.task_options() if cfg.data.task else None, cfg.study.data_seeds, verdicts=verdicts,
                         settings_note=cfg.study.settings_chosen_on)
-    L += section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
+    L += difficulty_report.section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
                        note(results) if results else "", verdicts=verdicts)
     if plots["pareto"]:
@@ -312,8 +307,6 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     for key, caption in (("nll", "NLL by exit pass"), ("hist", "Exit histograms"), ("curves", "Training curves")):
         if plots[key]:
             L.append(f"![{caption}]({rel(plots[key])})\n")
-    from . import gate_report
-
     L += gate_report.section(results, figs, rel, note)
     analysis = figs / "analysis.md"
     if analysis.is_file():

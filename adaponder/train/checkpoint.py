@@ -38,12 +38,16 @@ save, if the run died meanwhile) and never resumed from on its own.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +61,7 @@ from .checkpoint_files import (FINITE_KEY, FORMAT, HASH_KEY, STATE_FILE, Checkpo
                                safe_torch_load, verify_files, weights_problem)
 from .finite_weights import module_weights_problem
 from adaponder.errors import os_reason, write_failure_reason
+from adaponder.run_lock import pid_alive
 
 TAG_RE = re.compile(r"^step(\d{8,})$")
 def tag_for(step: int) -> str:
@@ -160,8 +165,6 @@ def _step_of(tag_dir: Path) -> int:
 
 
 def _print_stderr(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
@@ -369,8 +372,6 @@ _TEMPORARY = re.compile(r"^\.(?:tmp|old|reshard)-step\d{8,}(?:-(\d+))?$")
 def remove_stale_temporaries(ckpt_dir: Path) -> None:
     """Remove the temporary folders (``.tmp-``, ``.old-``, ``.reshard-stepN-<pid>``) of this process and of
     processes that are gone; another live writer's stay. Names without a PID (older versions) are removed."""
-    from adaponder.run_lock import pid_alive
-
     for path in ckpt_dir.iterdir():
         m = _TEMPORARY.match(path.name)
         if not m or not path.is_dir():
@@ -385,10 +386,6 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
     weights and Adam moments per parameter, independent of the number of ranks), written by rank 0 into
     ``work/<tag>``; returns ``work``, the folder to load with ``checkpoint.load_universal``. The input was
     verified (sizes, SHA-256, weights-only unpickling) before; the output exists only for this load."""
-    import contextlib
-    import io
-    import types
-
     rank, _ = rank_and_world()
     error = None
     if rank == 0:
@@ -399,7 +396,7 @@ def to_universal(tag_dir: Path, work: Path, world_size: int) -> Path:
                                      keep_temp_folder=False, strict=True, inject_missing_state=True)
         log = io.StringIO()
         try:
-            from deepspeed.checkpoint import ds_to_universal
+            from deepspeed.checkpoint import ds_to_universal  # DeepSpeed is heavy: only a re-shard needs this
 
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 ds_to_universal.main(args)

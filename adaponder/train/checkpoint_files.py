@@ -17,6 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from .finite_weights import first_nonfinite
+
 STATE_FILE = "trainer_state.json"
 FORMAT = "adaponder.train.checkpoint/v1"
 HASH_KEY = "sha256"  # trainer_state.json: {"sha256": {relative path: hex digest}} next to "manifest" (sizes)
@@ -165,8 +167,6 @@ def integrity_problems(tag_dir: Path) -> list[str]:
 
 
 def _weights_problem(tag_dir: Path, state: dict[str, Any]) -> str | None:
-    from .finite_weights import first_nonfinite
-
     if state.get(FINITE_KEY) is False:
         return "its weights were not all finite when it was saved (NaN or inf)"
     f = tag_dir / "mp_rank_00_model_states.pt"  # (ZeRO 0-2: the module's weights; ZeRO-3 keeps them elsewhere)
@@ -205,6 +205,7 @@ def deepspeed_safe_globals() -> list[Any]:
     """The non-tensor types DeepSpeed (0.14-0.19) pickles into its checkpoint files (ZeRO 0-3, fp32/bf16/fp16,
     CPU offload): the loss scalers, the ZeRO stage enum and the fragment addresses of the parameter slice
     mappings. Everything else a weights-only load refuses."""
+    # DeepSpeed takes seconds to import: only loading a checkpoint needs these (its pickles' allowed classes)
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address

@@ -40,6 +40,8 @@ import yaml
 from pydantic import Field
 
 from adaponder import typed_config
+from adaponder.hub import is_hub_id
+from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, pythia_config, pythia_shape
 from adaponder.modeling.run_settings import LEGACY_CONFIG_KEYS, RunSettings
 from adaponder.data.config import DataConfig, resolve_data_format
 from adaponder.typed_config import (Count, Float, Int, NonNegativeFloat, NonNegativeInt, PositiveFloat,
@@ -269,8 +271,6 @@ class ModelSection:
     def model_config(self, source: str | None = None):
         """The :class:`AdaPonderConfig` of a fresh model: the ``size`` preset with the other keys, or the keys as a
         full configuration."""
-        from adaponder.modeling import AdaPonderConfig, pythia_config
-
         if self.size is not None:
             return pythia_config(str(self.size), self.recurrence, **self.model_fields)
         values = {k: v for k, v in self.to_mapping().items() if k != "size" and k not in LEGACY_CONFIG_KEYS}
@@ -348,8 +348,6 @@ class TrainConfig:
 
 # -- the model section ------------------------------------------------------------------------------------
 def _model_problems(values: Any, has_backbone: bool) -> list[str]:
-    from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, pythia_shape
-
     if not isinstance(values, Mapping):
         return [f"model: must be a mapping, got {type(values).__name__}"]
     if has_backbone:
@@ -423,7 +421,6 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "train.grad_accum / train.global_batch: give one (the other follows from micro_batch × ranks)")
     check("init.gates_only_tokens init.backbone", ini.gates_only_tokens > 0 and ini.backbone is None,
           "init.gates_only_tokens: a gates-only stage needs init.backbone (continued pretraining)")
-    from adaponder.hub import is_hub_id
 
     check("init.backbone", ini.backbone is not None and not is_hub_id(ini.backbone)
           and not (Path(ini.backbone) / "config.json").is_file(),
@@ -449,8 +446,6 @@ def _position_problems(cfg: TrainConfig) -> list[str]:
     if cfg.init.backbone is None:
         mc, whose = cfg.model_config(), "model.max_position_embeddings"
     else:
-        from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError
-
         shape = backbone_shape(cfg.init.backbone)
         if shape is None:
             return []

@@ -12,6 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from adaponder.run_lock import RunLockError, lock_folder
+
+from .config import TrainConfigError
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -27,6 +31,7 @@ def init_distributed() -> tuple[int, int, int]:
     """Join the launcher's process group (``deepspeed``/``torchrun`` set RANK, WORLD_SIZE, ...), or make a
     1-rank group for a plain ``python launch/pretrain.py``. Returns (rank, local_rank, world_size)."""
     global _OWNED_GROUP
+    # DeepSpeed takes seconds to import: only a run's start needs it, not its configuration checks or --help
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -89,8 +94,6 @@ def broadcast_error(message: str | None) -> str | None:
 def lock_on_rank0(folder: Path, rank: int, what: str = "run folder"):
     """Rank 0 locks ``folder`` for the whole run (:mod:`adaponder.run_lock`); a refusal reaches every rank, so
     all of them stop together. Returns the lock on rank 0, None on the others."""
-    from adaponder.run_lock import RunLockError, lock_folder
-
     lock, err = None, None
     if rank == 0:
         try:
@@ -132,7 +135,7 @@ def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
     """``deepspeed.initialize`` in the process group of :func:`init_distributed`. Under ZeRO-3 the parameters
     that ``model.external_parameters()`` names (read outside their own modules by the pass loop: the
     pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
-    import deepspeed
+    import deepspeed  # DeepSpeed takes seconds to import (as in init_distributed)
 
     try:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
@@ -141,7 +144,6 @@ def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
         problems = deepspeed_config_problems(err, ds_config)
         if not problems:
             raise
-        from .config import TrainConfigError
 
         raise TrainConfigError(problems) from None
     if ds_config.get("zero_optimization", {}).get("stage") == 3:

@@ -24,8 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from transformers import PreTrainedTokenizerFast
 
 from adaponder.errors import OutputError, write_failure_reason
+from adaponder.data.tokenizer import load_tokenizer
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+from adaponder.run_lock import pid_alive
+
+from . import metrics as M
+from .checkpoint import CheckpointError, check_pickles, fsync_dir, read_state, safe_torch_load, verify_files
+from .finite_weights import NonFiniteWeightsError, first_nonfinite
 
 
 def save_tokenizer(out_dir: str | Path, tokenizer_path: str | None = None) -> bool:
@@ -33,10 +42,6 @@ def save_tokenizer(out_dir: str | Path, tokenizer_path: str | None = None) -> bo
 
     Returns False (and saves nothing) for a sentencepiece tokenizer.
     """
-    from transformers import PreTrainedTokenizerFast
-
-    from adaponder.data.tokenizer import load_tokenizer
-
     tok = load_tokenizer(tokenizer_path)
     if tok.kind != "hf":
         return False
@@ -77,10 +82,6 @@ def export_engine(engine, zero3: bool, rank: int, out_dir: Path, tokenizer_path:
                   extra: dict[str, Any]) -> None:
     """Collective. The Hugging Face export of a live engine's weights (gathered from the ZeRO-3 shards when
     ``zero3``), written by rank 0 atomically over an earlier one (:func:`write_atomically`)."""
-    import torch.distributed as dist
-
-    from . import metrics as M
-
     if zero3:
         sd = engine._zero3_consolidated_16bit_state_dict()
     else:
@@ -97,8 +98,6 @@ def state_dict_from_checkpoint(tag_dir: str | Path, verify: bool = True) -> dict
 
     With ``verify`` the files must have their recorded sizes and SHA-256 first; every ``.pt`` is unpickled
     weights-only (DeepSpeed's types allowed) before DeepSpeed's ``zero_to_fp32`` loads it unrestricted."""
-    from .checkpoint import CheckpointError, check_pickles, read_state, safe_torch_load, verify_files
-
     tag_dir = Path(tag_dir)
     state = read_state(tag_dir)
     if verify:
@@ -109,7 +108,7 @@ def state_dict_from_checkpoint(tag_dir: str | Path, verify: bool = True) -> dict
         sd = safe_torch_load(f)["module"]
         return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
     check_pickles(tag_dir)
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # DeepSpeed is heavy: ZeRO-3 only
 
     try:
         return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
@@ -140,8 +139,6 @@ def check_output_dir(out_dir: str | Path, overwrite: bool = False, protect: Path
 def _remove_stale(out: Path) -> None:
     """Remove the ``.NAME.tmp-<pid>`` / ``.NAME.old-<pid>`` folders beside ``out`` of exports that were killed
     (their process is gone; this one's own are stale too). A live export's are left alone."""
-    from adaponder.run_lock import pid_alive
-
     for path in out.parent.glob(f".{out.name}.*"):
         m = re.fullmatch(re.escape(f".{out.name}.") + r"(?:tmp|old)-(\d+)", path.name)
         if m and path.is_dir() and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))):
@@ -153,8 +150,6 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
     ``out_dir`` (empty, or any with ``overwrite``) is first renamed aside to ``.NAME.old-<pid>`` and deleted
     only once the new folder is in place; a failure while writing leaves ``out_dir`` as it was. When ``out_dir``
     is a symbolic link, all of this happens beside its target, so the link keeps pointing at the new folder."""
-    from .checkpoint import fsync_dir
-
     out = check_output_dir(out_dir, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -189,11 +184,6 @@ def write_atomically(out_dir: str | Path, write, overwrite: bool = False) -> Pat
 
 def export_checkpoint(tag_dir: str | Path, out_dir: str | Path, dtype: str = "fp32", overwrite: bool = False) -> Path:
     """Offline export of a training checkpoint folder to a Hugging Face folder (checked first: see above)."""
-    from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
-
-    from .checkpoint import read_state, verify_files
-    from .finite_weights import NonFiniteWeightsError, first_nonfinite
-
     tag_dir = Path(tag_dir)
     check_output_dir(out_dir, overwrite, protect=tag_dir.parent)  # before any work
     state = read_state(tag_dir)

@@ -79,6 +79,7 @@ def draw_gate_curves(records: Sequence[dict], title: str):
     rows = [r for r in records if r.get("kind") == "train" and r.get("gate_median")]
     if not rows:
         return None
+    # adaponder.plotting imports matplotlib (a second): only drawing the curves needs it
     from adaponder.plotting import LINE_MARKERS, figure, legend_outside, readable_log_ticks
 
     steps = [r["step"] for r in rows]
@@ -115,7 +116,7 @@ def gate_curves_png(records: Sequence[dict], path, title: str):
     fig = draw_gate_curves(records, title)
     if fig is None:
         return None
-    from adaponder.plotting import save
+    from adaponder.plotting import save  # matplotlib, as above
 
     return save(fig, path)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from adaponder.errors import writing
 from adaponder.modeling.exits import exit_counts
@@ -188,7 +189,6 @@ def progress_bar(enabled: bool, total: int, initial: int, desc: str = "train", u
     global _BAR
     if not enabled:
         return None
-    from tqdm.auto import tqdm
 
     _BAR = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr,
                 mininterval=1.0)
@@ -236,7 +236,7 @@ def _truncate_after(path: Path, step: int) -> None:
 def _init_wandb(out_dir: Path, cfg, run_config: dict[str, Any], resuming: bool):
     """wandb run in ``out_dir``; offline when no API key is configured (sync later with ``wandb sync``)."""
     try:
-        import wandb
+        import wandb  # takes a second or more to import: only runs that log to wandb need it
     except ImportError:
         write_console("logging.wandb is on but wandb is not installed; skipping wandb")
         return None

@@ -65,7 +65,7 @@ class GuardedAdamW(_Guard, torch.optim.AdamW):
 
 def guarded_cpu_adam(param_groups, **kwargs):
     """DeepSpeed's CPU Adam (ZeRO-Offload) with the same guard (compiled on first use)."""
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.ops.adam import DeepSpeedCPUAdam  # DeepSpeed takes seconds to import: only CPU offload needs it
 
     class GuardedCPUAdam(_Guard, DeepSpeedCPUAdam):
         def __init__(self, *a, **k):

@@ -17,6 +17,9 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
+
+from . import metrics as M
 
 #: Dense peak FLOP/s per device: (bf16 / fp16 tensor cores, fp32 without TF32). The first matching substring of
 #: ``torch.cuda.get_device_name()`` wins, so more specific names come first.
@@ -83,10 +86,6 @@ def agreed_peak(configured: float | None, device: torch.device, precision: str, 
                 world_size: int) -> float | None:
     """Collective: :func:`resolve_peak` on every rank; a CPU peak is measured by every rank at once (as they will
     train together) and averaged. Rank 0 says which peak MFU uses."""
-    import torch.distributed as dist
-
-    from . import metrics as M
-
     together = configured is None and device.type == "cpu" and dist.is_initialized() and world_size > 1
     if together:
         dist.barrier()

@@ -45,6 +45,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM, pythia_config
+
 from adaponder.modeling.run_settings import RunSettings
 
 from .config import TrainConfig, TrainConfigError, backbone_shape, plan_run
@@ -86,8 +90,6 @@ DEVICES: dict[str, Device] = {
 def model_config_of(cfg: TrainConfig):
     """The :class:`AdaPonderConfig` the run trains. With ``init.backbone`` the shape comes from the checkpoint:
     its ``config.json`` for a local folder, the Pythia preset named in a hub id (``EleutherAI/pythia-410m-deduped``)."""
-    from adaponder.modeling import AdaPonderConfig, pythia_config
-
     if cfg.init.backbone is None:
         return cfg.model_config()
     mode, overrides = cfg.model_overrides()
@@ -102,10 +104,6 @@ def model_config_of(cfg: TrainConfig):
 
 
 def _meta_model(model_cfg):
-    import torch
-
-    from adaponder.modeling import AdaPonderForCausalLM
-
     with torch.device("meta"):
         return AdaPonderForCausalLM(model_cfg)
 
@@ -447,8 +445,6 @@ def startup_memory_warning(cfg: TrainConfig, device, world_size: int, model_cfg=
     if getattr(device, "type", device) != "cuda":
         return None
     if total_memory is None or name is None:
-        import torch
-
         props = torch.cuda.get_device_properties(device)
         total_memory = props.total_memory if total_memory is None else total_memory
         name = props.name if name is None else name

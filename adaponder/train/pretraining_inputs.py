@@ -8,6 +8,13 @@ from typing import Any
 
 import torch
 
+from adaponder.data import bundled_corpus_dir
+from adaponder.data.errors import DataError
+from adaponder.data.prepare import prepare
+from adaponder.data.training_source import tokenizer_path as run_tokenizer
+from adaponder.hub import is_hub_id, resolve_pretrained
+from adaponder.modeling import AdaPonderConfigError, AdaPonderForCausalLM
+
 from . import metrics as M
 from .config import RunPlan, TrainConfig, TrainConfigError
 from .distributed import broadcast_error
@@ -18,17 +25,11 @@ def prepare_data(cfg: TrainConfig, rank: int) -> str | None:
     """Collective: prepare ``data.prepare`` into ``data.path`` (rank 0; a failure reaches every rank) unless it is
     prepared already. Returns the tokenizer path: ``data.tokenizer``, the one next to the shards, a local
     backbone's, or None (the bundled one)."""
-    from adaponder.data.errors import DataError
-    from adaponder.data.training_source import tokenizer_path as run_tokenizer
-
     path = Path(cfg.data.path)
     if cfg.data.prepare and not (path / "meta.json").is_file():
         err = None
         if rank == 0:
             try:
-                from adaponder.data import bundled_corpus_dir
-                from adaponder.data.prepare import prepare
-
                 inputs = [str(bundled_corpus_dir()) if x == "bundled" else x for x in cfg.data.prepare]
                 # Tokenizing takes minutes before the first step: say what and where, then show the bar.
                 M.write_console(f"preparing data.prepare {cfg.data.prepare} into {path} (tokenizing; done once, "
@@ -48,9 +49,6 @@ def prepare_data(cfg: TrainConfig, rank: int) -> str | None:
 def _from_backbone(cfg: TrainConfig, rank: int):
     """Continued pretraining (A14): backbone weights from a checkpoint (a local folder, or a hub id through the HF
     cache), fresh gates."""
-    from adaponder.hub import is_hub_id, resolve_pretrained
-    from adaponder.modeling import AdaPonderConfigError, AdaPonderForCausalLM
-
     mode, overrides = cfg.model_overrides()
     torch.manual_seed(cfg.train.seed)
     try:
@@ -69,8 +67,6 @@ def _from_backbone(cfg: TrainConfig, rank: int):
 def build_pretraining_model(cfg: TrainConfig, plan: RunPlan, rank: int) -> tuple[Any, dict[str, Any]]:
     """``(model, DeepSpeed config)``: the same initial weights on every rank (DeepSpeed also broadcasts them);
     under ZeRO-3 a fresh model is partitioned at construction."""
-    from adaponder.modeling import AdaPonderForCausalLM
-
     batch = BatchSizes.of(plan)
     if cfg.init.backbone:
         model = _from_backbone(cfg, rank)
@@ -84,7 +80,7 @@ def build_pretraining_model(cfg: TrainConfig, plan: RunPlan, rank: int) -> tuple
         torch.manual_seed(cfg.train.seed)
         if cfg.deepspeed.zero_stage == 3:
             # Partition at construction (transformers' ZeRO-3 path: zero.Init + gathered weight init).
-            from transformers.integrations import HfDeepSpeedConfig
+            from transformers.integrations import HfDeepSpeedConfig  # imports DeepSpeed (seconds): ZeRO-3 only
 
             hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841  (must stay alive while constructing)
             model = AdaPonderForCausalLM._from_config(config)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -15,6 +16,8 @@ import torch
 
 from adaponder.modeling.exits import exit_counts
 from adaponder.modeling.run_settings import RunSettings
+
+from .gate_watch import gate_curves_png
 
 #: The FLOPs baseline of the training reports, printed with their numbers. (The evaluation reports,
 #: :mod:`adaponder.evaluation`, state FLOPs as "× one pass" instead.)
@@ -90,7 +93,7 @@ def text_histogram(hist: list[int], width: int = 40) -> str:
 
 def draw_histogram(hist: list[int], title: str):
     """Share of validation tokens per exit pass (the Figure ``save_histogram_png`` saves)."""
-    from adaponder.plotting import figure
+    from adaponder.plotting import figure  # imports matplotlib (a second): only drawing the curves needs it
 
     total = max(sum(hist), 1)
     fig = figure(5, 3.2, dpi=120)
@@ -105,7 +108,7 @@ def draw_histogram(hist: list[int], title: str):
 
 
 def save_histogram_png(hist: list[int], path: Path, title: str) -> Path:
-    from adaponder.plotting import save
+    from adaponder.plotting import save  # matplotlib, as above
 
     return save(draw_histogram(hist, title), path, dpi=120)
 
@@ -154,10 +157,6 @@ if __name__ == "__main__":  # the command line lives in adaponder.cli; say so ra
 def append_gate_section(out_dir: Path, gate_warmup: str) -> None:
     """Append the per-gate curves (``gates.png``) and the collapse alarms a run raised (its ``metrics.jsonl``)
     to its ``report.md``."""
-    import json
-
-    from .gate_watch import gate_curves_png
-
     path = out_dir / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
         if path.is_file() else []

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from adaponder.modeling import GateWarmup
+
 
 def learning_rate(step: int, *, lr: float, total_steps: int, warmup_steps: int, min_lr_ratio: float = 0.1,
                   decay: str = "cosine") -> float:
@@ -65,8 +67,6 @@ def gate_warmup(step: int, *, regime: str, s0: int, s1: int, floor: float, tau: 
       cannot saturate); from ``s0`` to ``s1`` the floor falls linearly to 4 nats below the halting threshold's
       logit, so halting becomes possible as the ponder loss ramps up; from ``s1`` on, no floor.
     """
-    from adaponder.modeling import GateWarmup
-
     if regime == "live" or step >= (s0 if regime == "bypassed" else s1):
         return None
     if regime == "bypassed":

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+
+try:
+    import psutil
+except ImportError:  # (a DeepSpeed dependency, not one of adaponder's; without it there is nothing to watch with)
+    psutil = None
 
 from . import metrics as M
 
@@ -104,9 +110,7 @@ def launcher_chain() -> list:
     """The launcher processes above this one (``psutil.Process``; parent first): the parent and its ancestors as
     long as each is a DeepSpeed / torch launcher. Empty for a process not started by one (``python ...``), which
     must not stop when its shell goes away (``nohup``)."""
-    try:
-        import psutil
-    except ImportError:  # (a DeepSpeed dependency; without it there is nothing to watch with)
+    if psutil is None:  # (see the import)
         return []
     chain = []
     try:
@@ -128,8 +132,6 @@ class LauncherWatch:
     which is Linux-only, fires on the death of the parent *thread*, and sees the parent only."""
 
     def __init__(self, chain: list, on_gone, interval: float = 1.0):
-        import threading
-
         self.chain, self.on_gone, self.interval = chain, on_gone, interval
         self._names = {}
         for proc in chain:
@@ -148,8 +150,6 @@ class LauncherWatch:
         self._stop.set()
 
     def _gone(self):
-        import psutil
-
         if os.getppid() != self._ppid:
             return self.chain[0]
         for proc in self.chain:

@@ -22,6 +22,7 @@ run harness's (:mod:`.harness`, shared with fine-tuning); the signal handlers, l
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -31,18 +32,29 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
-from adaponder.errors import OutputError, writing
+from adaponder.data.errors import DataError
+from adaponder.data.fingerprint import data_identity
+from adaponder.data.in_use import hold_data
+from adaponder.data.layout import verify_shards
+from adaponder.data.tokenizer import load_tokenizer
+from adaponder.data.training_source import train_loader, training_source, validation_batches, validation_source
+from adaponder.errors import OutputError, debug_requested, writing
+from adaponder.modeling import AdaPonderConfigError, ponder_loss
 from adaponder.modeling.run_settings import RunSettings
+from adaponder.run_lock import RunLockError
 
 from . import metrics as M
 from .checkpoint import CheckpointError, read_latest
 from .config import RunPlan, TrainConfig, TrainConfigError, plan_run, schedule_findings
 from .distributed import broadcast_error, deal
+from .export import export_engine
 from .finite_weights import module_weights_problem
 from .ds_config import clips_in_deepspeed
 from .harness import RunHarness
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
+from .plan import startup_memory_warning  # (CUDA only: the planner's memory model against this device)
 from .resume_checks import OptimizerValues, check_schedule, pretraining_values
 from .peak import agreed_peak
 from .pretraining_inputs import build_pretraining_model, prepare_data
@@ -57,8 +69,6 @@ def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | N
     """A13: ``(L, L_LM, L_ponder)``. ``L = L_LM`` before S0 (and for models without gates); after it
     ``L = L_LM + λ·L_ponder`` with the bottom-k ponder loss (A11–A12) at the scheduled k. ``L_ponder`` is
     None for models without gates, and 0 while the ponder loss is off."""
-    from adaponder.modeling import ponder_loss
-
     lm = out.loss
     if out.gate_values is None or out.gate_mask is None:
         return lm, lm, None
@@ -96,7 +106,7 @@ class Trainer(RunHarness):
 
     def prepare(self) -> None:
         cfg = self.cfg
-        from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import get_accelerator  # DeepSpeed is heavy: only a run's start needs it
 
         self.device = torch.device(get_accelerator().device_name(self.local_rank)
                                    if get_accelerator().device_name() != "cpu" else "cpu")
@@ -116,8 +126,6 @@ class Trainer(RunHarness):
             M.write_console(f"warning: {line}")
 
     def data_record(self) -> dict[str, Any]:
-        from adaponder.data.fingerprint import data_identity
-
         cfg = self.cfg
         return data_identity(cfg.data, with_validation=bool(cfg.eval.every or cfg.eval.at_end))
 
@@ -160,8 +168,6 @@ class Trainer(RunHarness):
                                        warn=lambda line: self.rank == 0 and M.write_console(line))
 
     def build_data(self) -> None:
-        from adaponder.data.tokenizer import load_tokenizer
-
         self.tokenizer_path = prepare_data(self.cfg, self.rank)
         self.hold_and_verify_data()
         self.tokenizer = load_tokenizer(self.tokenizer_path)
@@ -170,11 +176,6 @@ class Trainer(RunHarness):
         """Collective: rank 0 registers the run as a reader of each prepared folder it reads (so no
         ``adaponder-prepare --overwrite`` replaces it under the run) and re-hashes the shards of each split it reads
         against ``meta.json``, at every start and resume; a failure reaches every rank."""
-        from adaponder.data.errors import DataError
-        from adaponder.data.in_use import hold_data
-        from adaponder.data.layout import verify_shards
-        from adaponder.data.training_source import training_source, validation_source
-
         cfg = self.cfg
         sources = [training_source(cfg.data)]
         err = None
@@ -201,8 +202,6 @@ class Trainer(RunHarness):
         self.model = model
         self.k_passes = model.config.num_passes
         self.gated = bool(model.config.gated)
-
-        from adaponder.data.training_source import train_loader, validation_batches
 
         # data.format packed (PackedLoader) or indexed (IndexedLoader, Megatron .bin/.idx): same interface.
         self.loader = train_loader(cfg.data, seq_len=self.plan.seq_len, micro_batch=self.plan.micro_batch,
@@ -374,8 +373,6 @@ class Trainer(RunHarness):
         return "bypassed" if gw.bypass else f"floored at {gw.logit_floor:.2f}" + ("" if gw.halting else ", no halting")
 
     def _trace(self, step: int, x: torch.Tensor) -> None:
-        import hashlib
-
         folder = self.cfg.out_dir / "trace"
         folder.mkdir(parents=True, exist_ok=True)
         rows = [hashlib.sha1(r.cpu().numpy().tobytes()).hexdigest()[:16] for r in x]
@@ -389,10 +386,6 @@ class Trainer(RunHarness):
         the same tokens whatever the number of ranks: the micro-batches are dealt out to the ranks in turn
         (:func:`deal`) and the token-weighted sums all-reduced. ``progress``: a bar on rank 0 (only where no
         training bar is open)."""
-        from tqdm.auto import tqdm
-
-        from adaponder.data.training_source import validation_batches
-
         cfg, engine = self.cfg, self.engine
         model = engine.module
         zero3 = cfg.deepspeed.zero_stage == 3
@@ -471,7 +464,6 @@ class Trainer(RunHarness):
             + (f"; ponder loss (λ={cfg.schedule.ponder_weight}) from step {plan.s0}, k reaches "
                f"{cfg.schedule.k_max} at step {plan.s1}" if self.gated else "")
             + (f"; gates-only stage: {plan.gates_only_steps} steps" if plan.gates_only_steps else ""))
-        from .plan import startup_memory_warning  # (CUDA only: the planner's memory model against this device)
 
         warning = startup_memory_warning(cfg, self.device, self.world_size, self.model.config)
         if warning:
@@ -575,8 +567,6 @@ class Trainer(RunHarness):
     def export_hf(self, out_dir: Path) -> Path:
         """Collective. The Hugging Face export of the run, written atomically over an earlier one (a temporary
         sibling folder renamed into place, :func:`.export.write_atomically`)."""
-        from .export import export_engine
-
         bad_weights = module_weights_problem(self.engine.module)
         if bad_weights:  # every rank stops together, exit 3 as for a non-finite final validation loss
             raise TrainingStopped(f"stopping: the weights at step {self.step} are not all finite ({bad_weights}); no "
@@ -589,11 +579,6 @@ class Trainer(RunHarness):
 
 def run(cfg: TrainConfig, resume: str | None = None) -> int:
     """Set up, train, export; returns the process exit code. Errors the user can fix print one clear message."""
-    from adaponder.data.errors import DataError
-    from adaponder.errors import debug_requested
-    from adaponder.modeling import AdaPonderConfigError
-    from adaponder.run_lock import RunLockError
-
     user_errors = (TrainConfigError, AdaPonderConfigError, DataError, CheckpointError, RunLockError, OutputError)
     trainer = Trainer(cfg, resume)
     rank = int(os.environ.get("RANK", "0"))
