@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,56 @@ def test_labels_of_the_wrong_length_in_forward_name_both_shapes():
         model(ids, labels=ids[:, :7])
     with pytest.raises(ModelInputError, match=r"got \(1, 8\)"):
         model(ids, labels=ids[:1])
+
+
+def test_a_held_extension_build_lock_is_named_and_given_up_on(tmp_path, monkeypatch):
+    from adaponder.train.extension_lock import ExtensionLockError, lock_path, wait_for_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = lock_path("deepspeed_shm_comm")
+    assert lock.parent.parent == tmp_path
+    said = []
+    wait_for_build_locks(timeout=0.5, poll=0.05, say=said.append)  # no lock: no wait, nothing said
+    assert said == []
+    lock.touch()
+    start = time.monotonic()
+    with pytest.raises(ExtensionLockError, match=rf"{lock}.*rm {lock}"):
+        wait_for_build_locks(timeout=0.5, poll=0.05, say=said.append)
+    assert time.monotonic() - start < 5
+    assert len(said) == 1 and str(lock) in said[0] and "giving up after 0.5 s" in said[0]
+
+
+def test_a_build_lock_that_goes_away_is_waited_for(tmp_path, monkeypatch):
+    import threading
+
+    from adaponder.train.extension_lock import lock_path, wait_for_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = lock_path("deepspeed_shm_comm")
+    lock.touch()
+    threading.Timer(0.3, lock.unlink).start()  # another start finishing its build
+    said = []
+    wait_for_build_locks(timeout=30, poll=0.05, say=said.append)
+    assert not lock.exists() and len(said) == 1
+
+
+def test_a_run_with_a_stale_extension_build_lock_stops_with_one_error_line(tmp_path, data, monkeypatch):
+    # a build killed midway leaves DeepSpeed's lock behind: the run says so and stops instead of hanging
+    from adaponder.train.extension_lock import lock_path
+
+    extensions = tmp_path / "extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    lock = lock_path("deepspeed_shm_comm")
+    lock.touch()
+    cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run"))
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "adaponder.cli.pretrain", "--config", str(cfg)],
+                       env=cpu_env(PYTHONPATH=str(REPO), ADAPONDER_BUILD_LOCK_TIMEOUT="3"),
+                       capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - start
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    errors = _lines(p.stderr, "error: ")
+    assert len(errors) == 1 and str(lock) in errors[0] and "rm " in errors[0], p.stderr[-3000:]
+    assert f"waiting for {lock}" in p.stderr
+    assert took < 120, took  # the bound (3 s) and the start-up, not a hang
+    assert lock.exists()  # another process's lock is never deleted for it

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from adaponder.run_lock import RunLockError, lock_folder
 
 from .config import TrainConfigError
+from .extension_lock import wait_for_build_locks
 
 
 def _free_port() -> int:
@@ -41,6 +42,8 @@ def init_distributed() -> tuple[int, int, int]:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     acc = get_accelerator()
     if not dist.is_initialized():
+        if acc.device_name() == "cpu":  # DeepSpeed loads its CPU collectives, behind a lock that can be stale
+            wait_for_build_locks()
         # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
         deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
         _OWNED_GROUP = True
