@@ -8,7 +8,8 @@ For every model (trained checkpoints given with ``--checkpoint``, and random-wei
   (s) ``model.generate(..., speculative=SpeculativeConfig(draft_passes, γ))`` for every γ of ``--gammas``,
 
 checks that (s) returns the tokens (o) returns, and prints tokens/s, the
-speed-up (s)/(o) (tokens/s of the whole call, prefill included: the same prefill in both), the acceptance rate (accepted drafts / drafted), tokens per cycle, and the bandwidth model: the
+speed-up (s)/(o) (tokens/s of the whole call, prefill included: the same prefill in both), the acceptance rate (accepted drafts / drafted), tokens per cycle, the ordinary decoding steps an adaptive
+schedule chose instead of drafting (``plain``), and the bandwidth model: the
 bytes of weights and K/V a decode reads per token, ordinary (each token's passes) vs speculative (per cycle: γ draft
 steps of P passes, one verification of K − P passes for the block), whose ratio is the speed-up a bandwidth-bound
 decoder would see. Every time is the best of ``--repeats`` round-robin runs.
@@ -152,20 +153,21 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
                          speedup=t_ord / t_spec, same_tokens=bool(torch.equal(out, ref) and torch.equal(plain, ref)),
                          acceptance=st.acceptance_rate, tokens_per_cycle=per_cycle, mean_exit=mean_exit,
                          bytes_per_token_ordinary=ord_b, bytes_per_token_speculative=spec_b,
-                         bandwidth_speedup=ord_b / spec_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill))
+                         bandwidth_speedup=ord_b / spec_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill,
+                         plain_steps=st.plain_steps))
         print_row(rows[-1])
     return rows
 
 
 HEADER = (f"{'model':<34} {'dtype':>5} {'B':>3} {'γ':>2} {'ord tok/s':>9} {'spec tok/s':>10} {'×':>6} "
-          f"{'same':>4} {'accept':>6} {'tok/cyc':>7} {'D̄':>5} {'bytes×':>6}")
+          f"{'same':>4} {'accept':>6} {'tok/cyc':>7} {'D̄':>5} {'bytes×':>6} {'plain':>5}")
 
 
 def print_row(r: dict) -> None:
     print(f"{r['model'][-34:]:<34} {r['dtype']:>5} {r['batch']:>3} {r['gamma']:>2} {r['ordinary_tok_s']:>9.1f} "
           f"{r['speculative_tok_s']:>10.1f} {r['speedup']:>6.2f} {'yes' if r['same_tokens'] else 'NO':>4} "
           f"{r['acceptance']:>6.3f} {r['tokens_per_cycle']:>7.2f} {r['mean_exit']:>5.2f} "
-          f"{r['bandwidth_speedup']:>6.2f}", flush=True)
+          f"{r['bandwidth_speedup']:>6.2f} {r['plain_steps']:>5}", flush=True)
 
 
 def main(argv=None):

@@ -52,6 +52,8 @@ def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens
     stats = model.speculative_stats
     assert stats.cycles > 0 and stats.drafted > 0
     assert stats.accepted <= stats.drafted
+    if adaptive:  # both ways were timed: ordinary decoding steps took part, giving the same tokens
+        assert stats.plain_steps >= 1
     if (draft_passes, draft_tokens) == (1, 4):  # pass 1 of a random model is a poor draft: both branches ran
         assert 0 < stats.accepted < stats.drafted
         assert stats.uneven > 0  # rows verified different numbers of tokens in some cycle
@@ -130,6 +132,22 @@ def test_sampling_keeps_the_models_distribution(mode):
     z = 3.09
     limit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
     assert chi2 < limit, f"chi2 {chi2:.1f} over {df} degrees of freedom (limit {limit:.1f})"
+
+
+def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
+    from adaponder.modeling.speculative import _WayChooser
+
+    chooser = _WayChooser(probe_every=4, device=torch.device("cpu"))
+    assert chooser.next_way() == "draft"  # each way is timed once first
+    chooser.per_token["draft"] = 0.02
+    assert chooser.next_way() == "plain"
+    chooser.per_token["plain"] = 0.01
+    ways = []
+    for _ in range(10):
+        way = chooser.next_way()
+        ways.append(way)
+        chooser.since_probe += 1  # one token per step
+    assert ways.count("plain") >= 8 and "draft" in ways  # ordinary decoding wins; drafting is tried again
 
 
 def test_bad_settings_are_named():

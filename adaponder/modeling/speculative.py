@@ -27,6 +27,7 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -41,12 +42,16 @@ from .run_settings import RunSettings, settings_or_default
 class SpeculativeConfig:
     """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle).
     ``adaptive``: γ follows the acceptance — two more after a cycle every row accepted whole, one less after one that
-    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way)."""
+    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way) — and
+    drafting itself is measured against ordinary decoding: the decoder times its seconds per token both ways and
+    decodes the faster way, trying the other again after every ``probe_every`` tokens, so a model whose drafts do
+    not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed."""
 
     draft_passes: int = 1
     draft_tokens: int = 4
     adaptive: bool = False
     max_draft_tokens: int = 16
+    probe_every: int = 32
 
     def check(self, num_passes: int) -> None:
         problems = []
@@ -67,6 +72,7 @@ class SpeculativeStats:
     tokens (every row then advanced by the smallest); ``advances`` the tokens per row of each cycle."""
 
     cycles: int = 0
+    plain_steps: int = 0  # ordinary decoding steps the adaptive schedule chose instead of drafting
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -152,11 +158,19 @@ class SelfSpeculativeDecoder:
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
+        chooser = _WayChooser(self.config.probe_every, input_ids.device) if self.config.adaptive else None
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
-            new = self._cycle(tokens[-1][:, -1], mask, cache, step)
-            if self.config.adaptive:
-                gamma = min(gamma + 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
+            way = "draft" if chooser is None else chooser.next_way()
+            started = chooser.start() if chooser is not None else None
+            if way == "draft":
+                new = self._cycle(tokens[-1][:, -1], mask, cache, step)
+                if self.config.adaptive:
+                    gamma = min(gamma + 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
+            else:
+                new = self._plain_step(tokens[-1][:, -1], mask, cache)
+            if chooser is not None:
+                chooser.record(way, started, new.shape[1])
             mask = torch.cat([mask, mask.new_ones(batch, new.shape[1])], dim=1)
             tokens.append(new)
             produced += new.shape[1]
@@ -167,6 +181,17 @@ class SelfSpeculativeDecoder:
             after = (new == eos_token_id).long().cumsum(1) - (new == eos_token_id).long() > 0
             new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
         return torch.cat([input_ids, new], dim=1)
+
+    def _plain_step(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache) -> torch.Tensor:
+        """Ordinary decoding of one token: every row's ``pending`` token through the passes (the cached forward);
+        returns the next pending token, ``[B, 1]`` — what a cycle of one verified token returns, without a draft."""
+        model = self.model
+        n = cache.pass_layer(self.settings.num_passes(model.config.num_passes), 0).get_seq_length()
+        step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(pending[:, None], attention_mask=step_mask, position_ids=_positions(step_mask, n, 1), cache=cache,
+                    use_cache=True, settings=self.settings)
+        self.stats.plain_steps += 1
+        return self._choose(self._warp(out.logits[:, -1]))[:, None]
 
     # -- one cycle -----------------------------------------------------------------------------------------------
     def _cycle(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache, gamma: int) -> torch.Tensor:
@@ -245,6 +270,38 @@ class SelfSpeculativeDecoder:
 
     def _sample(self, logp: torch.Tensor, generator) -> torch.Tensor:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+
+
+class _WayChooser:
+    """The adaptive schedule's choice between drafting and ordinary decoding, by measured seconds per token: each
+    way's last timing (the first of each is taken at the start), the faster way chosen, the other tried again after
+    every ``probe_every`` tokens."""
+
+    def __init__(self, probe_every: int, device: torch.device):
+        self.probe_every, self.device = probe_every, device
+        self.per_token: dict[str, float] = {}
+        self.since_probe = 0
+
+    def next_way(self) -> str:
+        for way in ("draft", "plain"):
+            if way not in self.per_token:
+                return way
+        best = min(self.per_token, key=self.per_token.get)
+        if self.since_probe >= self.probe_every:
+            self.since_probe = 0
+            return "plain" if best == "draft" else "draft"
+        return best
+
+    def start(self) -> float:
+        if self.device.type == "cuda":  # (the cycle ends with a host read anyway)
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def record(self, way: str, started: float, tokens: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.per_token[way] = (time.perf_counter() - started) / max(tokens, 1)
+        self.since_probe += tokens
 
 
 def _positions(mask: torch.Tensor, start: int, count: int) -> torch.Tensor:
