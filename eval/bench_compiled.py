@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM, pythia_config  # noqa: E402
 from adaponder.modeling.run_settings import RunSettings  # noqa: E402
-from adaponder.modeling.static_decoding import StaticDecoder, decode_step  # noqa: E402
+from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers  # noqa: E402
 from eval.bench_inference import (DTYPES, HostSyncCounter, _byte_sizes, _sync as _sync_on,  # noqa: E402
                                   calibrate, gemv_bandwidth, set_gates)
 
@@ -111,7 +111,7 @@ def bench(shape: str, batch: int, args, bandwidth: float) -> list[dict]:
         kv = decoders["static"].new_cache(batch, capacity)
         key_ok = torch.ones(batch, capacity, dtype=torch.bool, device=args.device)
         with HostSyncCounter() as counter:
-            decode_step(model, settings, kv, key_ok, prompt[:, -1], torch.tensor([args.context], device=args.device),
+            decode_step(model, settings, pass_buffers(kv), key_ok, prompt[:, -1], torch.tensor([args.context], device=args.device),
                         torch.full((batch,), args.context, device=args.device))
         mean_exit = float(out.exit_pass[:, 1:].float().mean())
         bytes_full = step_bytes(model, batch, capacity)

@@ -10,7 +10,7 @@ import torch
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 from adaponder.modeling.ponder_cache import PonderCache
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.static_decoding import StaticDecoder, decode_step
+from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=256)
@@ -115,7 +115,8 @@ def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _f=original, **k: (reads.append(_n),
                                                                                                  _f(self, *a, **k))[1])
     with torch.no_grad():
-        logits, exit_pass = decode_step(model, TAU, kv, key_ok, ids[:, -1], torch.tensor([9]), torch.full((3,), 9))
+        logits, exit_pass = decode_step(model, TAU, pass_buffers(kv), key_ok, ids[:, -1], torch.tensor([9]),
+                                        torch.full((3,), 9))
     monkeypatch.undo()
     assert reads == []
     assert logits.shape == (3, 97) and exit_pass.shape == (3,)

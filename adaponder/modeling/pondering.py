@@ -83,6 +83,9 @@ def _softmax_lse_(z: torch.Tensor) -> torch.Tensor:
     return (m + total.log()).squeeze(1)
 
 
+#: Weights (entries) from which a compiled graph takes the blocked product (a call of the custom operator, ~30 µs on
+#: the 2-core machine, costs more than inductor's own product of a smaller matrix).
+COMPILED_BLOCKED_MIN = 1 << 18
 #: Row counts up to which a product with a weight matrix takes the blocked path of :func:`skinny` (decoding).
 SKINNY_ROWS = 8
 #: Weights with at least this many output rows are vocabulary-sized (the head ``W_out``, the embedding ``W_E``).
@@ -103,8 +106,12 @@ def skinny(rows: int, *weights: torch.Tensor) -> bool:
     EPYC, 2 threads): one row's logits (V = 50304, d = 512) 10 → 4 ms, its pondering product (A4) 24 → 10 ms, the
     24 layer passes of a 70M decode step 32 → 16 ms; 8 rows' logits 18 → 9 ms. A decode step at batch 1 is mostly
     such products. (bf16 goes through oneDNN, already fast there.)"""
-    if torch.compiler.is_compiling():  # inductor chooses its own kernels (and the blocks write with out=)
+    if torch.compiler.is_compiling():  # a graph reaches the blocks through one operator (skinny_linear)
         return False
+    return _skinny_shape(rows, *weights)
+
+
+def _skinny_shape(rows: int, *weights: torch.Tensor) -> bool:
     cap = VOCAB_ROWS if all(w.shape[0] >= VOCAB_SIZED for w in weights) else SKINNY_ROWS
     return (0 < rows <= cap and not torch.is_grad_enabled()
             and all(w.device.type == "cpu" and w.dtype == torch.float32 and w.is_contiguous() for w in weights))
@@ -153,20 +160,53 @@ def skinny_linear_(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``, by blocks of ``w`` for a few rows of ``x`` (CPU, no gradients: see :func:`skinny`)."""
+    """``F.linear(x, w, b)``, by blocks of ``w`` for a few rows of ``x`` (CPU, no gradients: see :func:`skinny`).
+    Under ``torch.compile`` the blocked product is one opaque operator of the graph (:func:`_skinny_op`)."""
     rows = x.shape[:-1].numel()
-    if skinny(rows, w) and x.dtype == w.dtype and (b is None or b.dtype == w.dtype) and _blocks(rows, w.shape[0]):
-        out = x.new_empty(*x.shape[:-1], w.shape[0])
-        skinny_linear_(x.reshape(rows, -1), w, b, out.view(rows, -1))
-        return out
+    if torch.compiler.is_compiling():  # large weights only: for small ones the operator's call costs more
+        if w.numel() >= COMPILED_BLOCKED_MIN and _blocked_ok(rows, x, w, b, compiling=True):
+            return _skinny_op(x, w, b)
+        return torch.nn.functional.linear(x, w, b)
+    if _blocked_ok(rows, x, w, b):
+        return _blocked_linear(x, w, b)
     return torch.nn.functional.linear(x, w, b)
+
+
+def _blocked_ok(rows: int, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, compiling: bool = False) -> bool:
+    return ((skinny(rows, w) if not compiling else _skinny_shape(rows, w)) and x.dtype == w.dtype
+            and (b is None or b.dtype == w.dtype) and _blocks(rows, w.shape[0]) is not None)
+
+
+def _blocked_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[:-1].numel()
+    out = x.new_empty(*x.shape[:-1], w.shape[0])
+    skinny_linear_(x.reshape(rows, -1).contiguous(), w, b, out.view(rows, -1))
+    return out
+
+
+def _register_skinny_op():
+    """The blocked product as a custom operator, so that a compiled graph calls it (inductor would otherwise emit
+    MKL's GEMV, the slow path :func:`skinny` exists to avoid). Registered once per process: a checkpoint's copy
+    of this file, loaded beside the installed one, reuses the operator."""
+    name = "adaponder::skinny_linear"
+    existing = getattr(getattr(torch.ops, "adaponder", None), "skinny_linear", None)
+    if existing is not None:
+        return existing
+    op = torch.library.custom_op(name, mutates_args=())(_blocked_linear_op)
+    op.register_fake(lambda x, w, b: x.new_empty(*x.shape[:-1], w.shape[0]))
+    return op
+
+
+def _blocked_linear_op(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return _blocked_linear(x, w, b)
 
 
 def embed_probs(p: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``p w`` for probabilities ``p`` ``[n, V]`` and ``W_E`` ``[V, d]`` of one dtype, the second product of A4; for a
     few rows (:func:`skinny`) the partial products of 4 vocabulary blocks in one batched GEMM, then summed."""
     (v, d), n = w.shape, p.shape[0]
-    if not (skinny(n, w) and p.dtype == w.dtype and p.stride(-1) == 1 and v >= 256):
+    blocked = _skinny_shape(n, w) if torch.compiler.is_compiling() else skinny(n, w)
+    if not (blocked and p.dtype == w.dtype and p.stride(-1) == 1 and v >= 256):
         return p @ w
     size = v // 4
     main = 4 * size
@@ -246,9 +286,9 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk, bool(recompute))
     dtype = torch.promote_types(h.dtype, w_emb.dtype)
-    if torch.compiler.is_compiling():  # one fused graph: no scratch blocks, no out= products
-        probs = torch.softmax((h @ w_out.t()).to(_wide(h.dtype)), dim=-1)
-        return (probs.to(dtype) @ w_emb.to(dtype)) * alpha
+    if torch.compiler.is_compiling():  # one graph: no scratch blocks, no out= products
+        probs = torch.softmax(skinny_linear(h, w_out).to(_wide(h.dtype)), dim=-1)
+        return embed_probs(probs.to(dtype), w_emb.to(dtype)) * alpha
     # a few fp32 rows (decoding, late compacted passes): blocked, one chunk (within the configured chunk size)
     if skinny(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype and (not chunk or h.shape[0] <= chunk):
         z = _buffer("z", (h.shape[0], w_out.shape[0]), h.dtype, h.device)
@@ -320,3 +360,6 @@ def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Te
     for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
         total += _ce_chunk(_logits(h[s:e], w_out, "z"), targets[s:e])[0]
     return (total / n_valid).to(_wide(h.dtype))
+
+
+_skinny_op = _register_skinny_op()

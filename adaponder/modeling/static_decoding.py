@@ -42,24 +42,35 @@ STATIC_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
 RECOMPILE_LIMIT = 64
 
 
+def pass_buffers(kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The keys and values of every (layer, pass) of a static cache ``[L, 2, K, B, heads, capacity, hd]`` as separate
+    ``[B, heads, capacity, hd]`` views, layer-major: ``buffers[2·(l·K + p) + j]`` (``j`` 0: keys, 1: values). A compiled
+    step writes into each of them in place; written through views of the one cache tensor, inductor would copy the
+    whole cache back at every write."""
+    L, _, K = kv.shape[:3]
+    return tuple(kv[layer, j, p] for layer in range(L) for p in range(K) for j in range(2))
+
+
 class StaticKV:
     """The ``layer_past`` of a static decode step. For pass ``i`` (1-based) of layer ``l`` it writes the new token's
-    aligned K/V (A3: the computed K/V where the row is active, else the previous pass's at the same slot) into
-    ``kv[l, :, i-1]`` at ``slot`` and returns that (pass, layer)'s whole buffers ``[B, heads, capacity, hd]``."""
+    aligned K/V (A3: the computed K/V where the row is active, else the previous pass's at the same slot) into that
+    (layer, pass)'s buffers (:func:`pass_buffers`) at ``slot`` and returns them whole, ``[B, heads, capacity, hd]``."""
 
-    def __init__(self, kv: torch.Tensor, slot: torch.Tensor):
-        self.kv, self.slot = kv, slot  # slot: [1] long, on the device
+    def __init__(self, buffers: tuple[torch.Tensor, ...], num_passes: int, slot: torch.Tensor):
+        self.buffers, self.K, self.slot = buffers, num_passes, slot  # slot: [1] long, on the device
         self.pass_idx = 1
         self.active: torch.Tensor | None = None  # m^i [B]; None: every row computes this pass
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        i, kv = self.pass_idx, self.kv[layer_idx]  # kv: [2, K, B, heads, capacity, hd]
-        new = torch.stack([key, value])  # [2, B, heads, 1, hd]
-        if self.active is not None:
-            prev = kv[:, i - 2].index_select(3, self.slot)
-            new = torch.where(self.active[None, :, None, None, None], new, prev)
-        kv[:, i - 1].index_copy_(3, self.slot, new)
-        return kv[0, i - 1], kv[1, i - 1]
+        base = 2 * (layer_idx * self.K + self.pass_idx - 1)
+        keys, values = self.buffers[base], self.buffers[base + 1]
+        if self.active is not None:  # the previous pass's buffers sit just before
+            m = self.active[:, None, None, None]
+            key = torch.where(m, key, self.buffers[base - 2].index_select(2, self.slot))
+            value = torch.where(m, value, self.buffers[base - 1].index_select(2, self.slot))
+        keys.index_copy_(2, self.slot, key)
+        values.index_copy_(2, self.slot, value)
+        return keys, values
 
 
 @dataclass
@@ -87,11 +98,11 @@ class StaticLayout:
     ``first..last`` (fixed shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``,
     on the device. After a pass below K the exit step and the feedback run, so that a later call can continue."""
 
-    def __init__(self, model, kv: torch.Tensor, attention_mask: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
-                 position: torch.Tensor, num_passes: int, state: StepState, first: int, last: int):
+    def __init__(self, model, buffers: tuple[torch.Tensor, ...], attention_mask: torch.Tensor, ids: torch.Tensor,
+                 slot: torch.Tensor, position: torch.Tensor, num_passes: int, state: StepState, first: int, last: int):
         self.model, self.mask, self.ids, self.K, self.last = model, attention_mask, ids, num_passes, last
         self.rope = model.gpt_neox.rotary_emb(state.E[:, None], position[:, None])
-        self.static = StaticKV(kv, slot)
+        self.static = StaticKV(buffers, model.config.num_passes, slot)
         self.state = state
         self.i, self.s, self.ending = first - 1, None, False
 
@@ -146,25 +157,27 @@ class StaticLayout:
         st.active = going
 
 
-def decode_passes(model, settings: RunSettings, kv: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor,
-                  slot: torch.Tensor, position: torch.Tensor, state: StepState, first: int, last: int) -> StepState:
+def decode_passes(model, settings: RunSettings, buffers: tuple[torch.Tensor, ...], mask: torch.Tensor,
+                  ids: torch.Tensor, slot: torch.Tensor, position: torch.Tensor, state: StepState, first: int,
+                  last: int) -> StepState:
     """Passes ``first..last`` of a static decode step (the pass driver over :class:`StaticLayout`)."""
-    layout = StaticLayout(model, kv, mask, ids, slot, position, settings.num_passes(model.config.num_passes), state,
+    layout = StaticLayout(model, buffers, mask, ids, slot, position, settings.num_passes(model.config.num_passes), state,
                           first, last)
     drive(model, layout, settings.rule, settings)
     return layout.state
 
 
-def decode_step(model, settings: RunSettings, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor,
-                slot: torch.Tensor, position: torch.Tensor):
-    """One greedy decode step at fixed shapes: ``ids`` ``[B]`` (the last tokens), written at cache ``slot`` ``[1]``
+def decode_step(model, settings: RunSettings, buffers: tuple[torch.Tensor, ...], key_ok: torch.Tensor,
+                ids: torch.Tensor, slot: torch.Tensor, position: torch.Tensor):
+    """One greedy decode step at fixed shapes over the cache's :func:`pass_buffers`: ``ids`` ``[B]`` (the last
+    tokens), written at cache ``slot`` ``[1]``
     with rotary ``position`` ``[B]``. Marks the slot in ``key_ok`` ``[B, capacity]`` (the keys a query may see) and
     returns ``(logits [B, V], exit_pass [B])``. No host synchronisation: ``torch.compile(fullgraph=True)`` makes it
     one graph."""
     key_ok.index_fill_(1, slot, True)
     mask = key_ok[:, None, None, :]  # [B, 1, 1, capacity]: slots after this one are still False
     K = settings.num_passes(model.config.num_passes)
-    state = decode_passes(model, settings, kv, mask, ids, slot, position, StepState.start(model, ids), 1, K)
+    state = decode_passes(model, settings, buffers, mask, ids, slot, position, StepState.start(model, ids), 1, K)
     return model.lm_head(state.h_hat), state.exit_pass
 
 
@@ -217,26 +230,28 @@ class StaticDecoder:
         return self._compiled
 
     def step(self, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
-             position: torch.Tensor):
-        """One decode step (:func:`decode_step`'s arguments and results), whole or pass by pass."""
-        model, settings, fn = self.model, self.settings, self._function()
+             position: torch.Tensor, buffers: tuple[torch.Tensor, ...] | None = None):
+        """One decode step over the static cache ``kv`` (:func:`decode_step`'s arguments and results), whole or pass
+        by pass; ``buffers``: ``pass_buffers(kv)``, when the caller keeps them from step to step."""
+        buffers = pass_buffers(kv) if buffers is None else buffers
+        fn = self._function()
         if self.settings.compile:
             # one compiled graph per pass index (pass by pass), per model, batch size and capacity: more than
             # dynamo's default of 8 entries per function for a few models of K = 4
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return self._step(fn, kv, key_ok, ids, slot, position)
-        return self._step(fn, kv, key_ok, ids, slot, position)
+                return self._step(fn, kv, buffers, key_ok, ids, slot, position)
+        return self._step(fn, kv, buffers, key_ok, ids, slot, position)
 
-    def _step(self, fn, kv, key_ok, ids, slot, position):
+    def _step(self, fn, kv, buffers, key_ok, ids, slot, position):
         model, settings = self.model, self.settings
         if not self.per_pass:
-            return fn(model, settings, kv, key_ok, ids, slot, position)
+            return fn(model, settings, buffers, key_ok, ids, slot, position)
         key_ok.index_fill_(1, slot, True)
         mask = key_ok[:, None, None, :]
         K = settings.num_passes(model.config.num_passes)
         state = StepState.start(model, ids)
         for i in range(1, K + 1):
-            state = fn(model, settings, kv, mask, ids, slot, position, state, i, i)
+            state = fn(model, settings, buffers, mask, ids, slot, position, state, i, i)
             if i < K and not bool(state.active.any()):  # every row has stopped: the later passes only carry K/V
                 carry_forward(kv, slot, i)
                 break
@@ -293,8 +308,10 @@ class StaticDecoder:
         emit(0, logits, out.exit_pass[:, -1])
         slot = torch.tensor([length], device=device)
         position = positions[:, -1] + 1
+        buffers = pass_buffers(kv)
         for t in range(1, max_new_tokens):
-            logits, exit_pass = self.step(kv, key_ok, tokens[:, t - 1].contiguous(), slot, position)  # (fixed strides)
+            logits, exit_pass = self.step(kv, key_ok, tokens[:, t - 1].contiguous(), slot, position,  # (fixed strides)
+                                          buffers)
             emit(t, logits, exit_pass)
             if kept is not None:
                 kept.append(logits.clone())
@@ -305,4 +322,4 @@ class StaticDecoder:
 
 
 __all__ = ["CAPACITY_STEP", "STATIC_MODES", "StaticDecoder", "StaticKV", "StaticLayout", "StaticOutput", "StepState",
-           "carry_forward", "decode_passes", "decode_step"]
+           "carry_forward", "decode_passes", "decode_step", "pass_buffers"]
