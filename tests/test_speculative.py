@@ -135,13 +135,13 @@ def test_sampling_keeps_the_models_distribution(mode):
 
 
 def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
-    from adaponder.modeling.speculative import _WayChooser
+    from adaponder.modeling.way_choice import WayChooser
 
-    chooser = _WayChooser(probe_every=4, device=torch.device("cpu"))
+    chooser = WayChooser(("draft", "plain"), probe_every=4, device=torch.device("cpu"))
     assert chooser.next_way() == "draft"  # each way is timed once first
-    chooser.per_token["draft"] = 0.02
+    chooser.per_unit["draft"] = 0.02
     assert chooser.next_way() == "plain"
-    chooser.per_token["plain"] = 0.01
+    chooser.per_unit["plain"] = 0.01
     ways = []
     for _ in range(10):
         way = chooser.next_way()

@@ -27,7 +27,6 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +35,7 @@ from .pass_driver import run_passes
 from .pass_step import PassRun
 from .ponder_cache import KVAligner, PonderCache
 from .run_settings import RunSettings, settings_or_default
+from .way_choice import WayChooser
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,8 @@ class SelfSpeculativeDecoder:
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
-        chooser = _WayChooser(self.config.probe_every, input_ids.device) if self.config.adaptive else None
+        chooser = (WayChooser(("draft", "plain"), self.config.probe_every, input_ids.device)
+                   if self.config.adaptive else None)
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
             way = "draft" if chooser is None else chooser.next_way()
@@ -270,38 +271,6 @@ class SelfSpeculativeDecoder:
 
     def _sample(self, logp: torch.Tensor, generator) -> torch.Tensor:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-
-
-class _WayChooser:
-    """The adaptive schedule's choice between drafting and ordinary decoding, by measured seconds per token: each
-    way's last timing (the first of each is taken at the start), the faster way chosen, the other tried again after
-    every ``probe_every`` tokens."""
-
-    def __init__(self, probe_every: int, device: torch.device):
-        self.probe_every, self.device = probe_every, device
-        self.per_token: dict[str, float] = {}
-        self.since_probe = 0
-
-    def next_way(self) -> str:
-        for way in ("draft", "plain"):
-            if way not in self.per_token:
-                return way
-        best = min(self.per_token, key=self.per_token.get)
-        if self.since_probe >= self.probe_every:
-            self.since_probe = 0
-            return "plain" if best == "draft" else "draft"
-        return best
-
-    def start(self) -> float:
-        if self.device.type == "cuda":  # (the cycle ends with a host read anyway)
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def record(self, way: str, started: float, tokens: int) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.per_token[way] = (time.perf_counter() - started) / max(tokens, 1)
-        self.since_probe += tokens
 
 
 def _positions(mask: torch.Tensor, start: int, count: int) -> torch.Tensor:

@@ -6,14 +6,15 @@ layout, which the cached prefill fills in place: :meth:`PonderCache.with_buffers
 new K/V at one slot (a device tensor, so the step's shapes never change) and attends over the whole capacity under a
 mask of the slots filled so far; nothing grows or is concatenated.
 
-Halting is decided on the device. Every row runs every pass of the step — the shapes stay fixed — and a row that
-stopped keeps what its exit pass produced: its exit-pass hidden state (A9), and in later passes the K/V of its exit
-pass (A3, A15), written by :class:`StaticKV` with ``torch.where`` rather than computed into the cache. The outputs
-equal those of the eager cached decoding, which skips the passes of halted tokens instead; what the static step
-spends on them is the price of having no host synchronisation, and pays where launches and synchronisations, not
-arithmetic, bound a decode step (small batches, a GPU). The pass loop is the pass driver's (:func:`.pass_driver.drive`,
-with :class:`StaticLayout`), so every exit rule that decides on the device (the threshold rule, Q-exit with a head,
-rules on token ids) is honoured.
+Halting is decided on the device. Every row runs every pass the step computes — the shapes stay fixed — and a row
+that stopped keeps what its exit pass produced: its exit-pass hidden state (A9), and in later passes the K/V of its
+exit pass (A3, A15), written by :class:`StaticKV` with ``torch.where`` rather than computed into the cache. The
+outputs equal those of the eager cached decoding, which skips the passes of halted tokens instead. A step runs either
+whole (one graph: no host synchronisation inside a token, what a GPU needs) or pass by pass (one graph per pass, the
+passes no row needs skipped after a read of the active mask, which on the CPU waits for nothing); on the CPU the
+decoder measures both and takes the faster. The pass loop is the pass driver's (:func:`.pass_driver.drive`, with
+:class:`StaticLayout`), so every exit rule that decides on the device (the threshold rule, Q-exit with a head, rules
+on token ids) is honoured.
 
 Scope: greedy decoding, modes ``vanilla``, ``ponderlm``, ``loop`` and ``adaponder``, left-padded batches.
 
@@ -31,12 +32,16 @@ from .pass_driver import drive
 from .pass_step import first_input
 from .ponder_cache import PonderCache
 from .run_settings import RunSettings, settings_or_default
+from .way_choice import WayChooser
 
 #: Static caches are sized in multiples of this many positions, so that prompts and generations of nearby lengths
 #: share one compiled step (its shapes include the capacity).
 CAPACITY_STEP = 128
 
 STATIC_MODES = ("vanilla", "ponderlm", "loop", "adaponder")
+
+#: Steps after which a decoder that chooses between pass by pass and the whole step tries the other again.
+PROBE_EVERY = 32
 
 #: Compiled graphs kept per step function (dynamo's ``recompile_limit`` while a compiled step runs).
 RECOMPILE_LIMIT = 64
@@ -206,45 +211,50 @@ class StaticDecoder:
     (capacities are rounded up to :data:`CAPACITY_STEP`)."""
 
     def __init__(self, model, settings: RunSettings | None = None, per_pass: bool | None = None):
-        """``per_pass``: run each step pass by pass, reading on the host after each pass whether any row goes on, and
-        skip the passes no row needs (as the eager cached decoding does), their K/V carried forward in one copy
-        (A15). None: on the CPU, where that read waits for nothing; on a GPU the whole step is one graph, with no
-        synchronisation inside a token."""
+        """``per_pass``: True runs each step pass by pass, reading on the host after each pass whether any row goes on,
+        and skips the passes no row needs (as the eager cached decoding does), their K/V carried forward in one copy
+        (A15); False runs the whole step as one graph, with no synchronisation inside a token. None (the default):
+        on a GPU the whole step; on the CPU, where reading the mask waits for nothing, the faster of the two as
+        measured while decoding (:class:`~.way_choice.WayChooser`: skipping passes pays when many rows stop early,
+        one graph when few do)."""
         cfg = model.config
         if cfg.mode not in STATIC_MODES:
             raise ValueError(f"static decoding supports modes {', '.join(STATIC_MODES)}, not {cfg.mode!r}")
         self.model = model
         self.settings = settings_or_default(settings)
-        self.per_pass = next(model.parameters()).device.type == "cpu" if per_pass is None else per_pass
-        self._compiled = None
+        self.per_pass = per_pass
+        self._compiled: dict[bool, object] = {}
 
-    def _function(self):
+    def _function(self, per_pass: bool):
         """:func:`decode_passes` (per pass) or :func:`decode_step`, compiled once when the settings ask for it."""
-        plain = decode_passes if self.per_pass else decode_step
+        plain = decode_passes if per_pass else decode_step
         if not self.settings.compile:
             return plain
-        if self._compiled is None:
+        if per_pass not in self._compiled:
             cuda = next(self.model.parameters()).device.type == "cuda"
-            self._compiled = torch.compile(plain, fullgraph=True, dynamic=False,
-                                           mode="reduce-overhead" if cuda else None)
-        return self._compiled
+            self._compiled[per_pass] = torch.compile(plain, fullgraph=True, dynamic=False,
+                                                     mode="reduce-overhead" if cuda else None)
+        return self._compiled[per_pass]
 
     def step(self, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
-             position: torch.Tensor, buffers: tuple[torch.Tensor, ...] | None = None):
+             position: torch.Tensor, buffers: tuple[torch.Tensor, ...] | None = None, per_pass: bool | None = None):
         """One decode step over the static cache ``kv`` (:func:`decode_step`'s arguments and results), whole or pass
-        by pass; ``buffers``: ``pass_buffers(kv)``, when the caller keeps them from step to step."""
+        by pass (``per_pass``; default: the decoder's, pass by pass on the CPU when it chooses); ``buffers``:
+        ``pass_buffers(kv)``, when the caller keeps them from step to step."""
         buffers = pass_buffers(kv) if buffers is None else buffers
-        fn = self._function()
+        if per_pass is None:
+            per_pass = self.per_pass if self.per_pass is not None else kv.device.type == "cpu"
+        fn = self._function(per_pass)
         if self.settings.compile:
             # one compiled graph per pass index (pass by pass), per model, batch size and capacity: more than
             # dynamo's default of 8 entries per function for a few models of K = 4
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return self._step(fn, kv, buffers, key_ok, ids, slot, position)
-        return self._step(fn, kv, buffers, key_ok, ids, slot, position)
+                return self._step(fn, per_pass, kv, buffers, key_ok, ids, slot, position)
+        return self._step(fn, per_pass, kv, buffers, key_ok, ids, slot, position)
 
-    def _step(self, fn, kv, buffers, key_ok, ids, slot, position):
+    def _step(self, fn, per_pass, kv, buffers, key_ok, ids, slot, position):
         model, settings = self.model, self.settings
-        if not self.per_pass:
+        if not per_pass:
             return fn(model, settings, buffers, key_ok, ids, slot, position)
         key_ok.index_fill_(1, slot, True)
         mask = key_ok[:, None, None, :]
@@ -309,9 +319,15 @@ class StaticDecoder:
         slot = torch.tensor([length], device=device)
         position = positions[:, -1] + 1
         buffers = pass_buffers(kv)
+        chooser = (WayChooser(("pass-by-pass", "whole-step"), PROBE_EVERY, device)
+                   if self.per_pass is None and device.type == "cpu" else None)
         for t in range(1, max_new_tokens):
+            way = None if chooser is None else chooser.next_way()
+            started = None if chooser is None else chooser.start()
             logits, exit_pass = self.step(kv, key_ok, tokens[:, t - 1].contiguous(), slot, position,  # (fixed strides)
-                                          buffers)
+                                          buffers, None if way is None else way == "pass-by-pass")
+            if chooser is not None:
+                chooser.record(way, started, 1)
             emit(t, logits, exit_pass)
             if kept is not None:
                 kept.append(logits.clone())
