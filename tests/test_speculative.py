@@ -148,6 +148,7 @@ def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
         ways.append(way)
         chooser.since_probe += 1  # one token per step
     assert ways.count("plain") >= 8 and "draft" in ways  # ordinary decoding wins; drafting is tried again
+    assert chooser.interval == 8  # the probe lost: the next one waits twice as long
 
 
 def test_bad_settings_are_named():

@@ -184,16 +184,16 @@ def _blocked_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) ->
     return out
 
 
-def _register_skinny_op():
-    """The blocked product as a custom operator, so that a compiled graph calls it (inductor would otherwise emit
-    MKL's GEMV, the slow path :func:`skinny` exists to avoid). Registered once per process: a checkpoint's copy
-    of this file, loaded beside the installed one, reuses the operator."""
-    name = "adaponder::skinny_linear"
-    existing = getattr(getattr(torch.ops, "adaponder", None), "skinny_linear", None)
+def _register_op(name: str, fn, fake):
+    """``fn`` as the custom operator ``adaponder::name``, so that a compiled graph calls it as it is (inductor would
+    otherwise lower a one-row product with a vocabulary-sized weight to its own kernels, or to MKL's GEMV — the slow
+    paths :func:`skinny` exists to avoid). Registered once per process: a checkpoint's copy of this file, loaded
+    beside the installed one, reuses the operator."""
+    existing = getattr(getattr(torch.ops, "adaponder", None), name, None)
     if existing is not None:
         return existing
-    op = torch.library.custom_op(name, mutates_args=())(_blocked_linear_op)
-    op.register_fake(lambda x, w, b: x.new_empty(*x.shape[:-1], w.shape[0]))
+    op = torch.library.custom_op(f"adaponder::{name}", mutates_args=())(fn)
+    op.register_fake(fake)
     return op
 
 
@@ -205,8 +205,7 @@ def embed_probs(p: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``p w`` for probabilities ``p`` ``[n, V]`` and ``W_E`` ``[V, d]`` of one dtype, the second product of A4; for a
     few rows (:func:`skinny`) the partial products of 4 vocabulary blocks in one batched GEMM, then summed."""
     (v, d), n = w.shape, p.shape[0]
-    blocked = _skinny_shape(n, w) if torch.compiler.is_compiling() else skinny(n, w)
-    if not (blocked and p.dtype == w.dtype and p.stride(-1) == 1 and v >= 256):
+    if not (skinny(n, w) and p.dtype == w.dtype and p.stride(-1) == 1 and v >= 256):
         return p @ w
     size = v // 4
     main = 4 * size
@@ -286,9 +285,11 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
     if torch.is_grad_enabled() and (h.requires_grad or w_out.requires_grad or w_emb.requires_grad):
         return _ChunkedPondering.apply(h, w_out, w_emb, float(alpha), chunk, bool(recompute))
     dtype = torch.promote_types(h.dtype, w_emb.dtype)
-    if torch.compiler.is_compiling():  # one graph: no scratch blocks, no out= products
-        probs = torch.softmax(skinny_linear(h, w_out).to(_wide(h.dtype)), dim=-1)
-        return embed_probs(probs.to(dtype), w_emb.to(dtype)) * alpha
+    if torch.compiler.is_compiling():
+        if _skinny_shape(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype and not chunk:
+            return _ponder_op(h, w_out, w_emb, float(alpha))  # a few rows: the blocked products, as one operator
+        probs = torch.softmax((h @ w_out.t()).to(_wide(h.dtype)), dim=-1)  # no scratch blocks, no out= products
+        return (probs.to(dtype) @ w_emb.to(dtype)) * alpha
     # a few fp32 rows (decoding, late compacted passes): blocked, one chunk (within the configured chunk size)
     if skinny(h.shape[0], w_out, w_emb) and h.dtype == w_out.dtype and (not chunk or h.shape[0] <= chunk):
         z = _buffer("z", (h.shape[0], w_out.shape[0]), h.dtype, h.device)
@@ -362,4 +363,13 @@ def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Te
     return (total / n_valid).to(_wide(h.dtype))
 
 
-_skinny_op = _register_skinny_op()
+def _ponder_rows_op(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Tensor, alpha: float) -> torch.Tensor:
+    with torch.no_grad():
+        return pondering_from_hidden(h, w_out, w_emb, alpha)
+
+
+_skinny_op = _register_op("skinny_linear", _blocked_linear_op,
+                          lambda x, w, b: x.new_empty(*x.shape[:-1], w.shape[0]))
+_ponder_op = _register_op("ponder_rows", _ponder_rows_op,
+                          lambda h, w_out, w_emb, alpha: h.new_empty(h.shape[0], w_emb.shape[1],
+                                                                     dtype=torch.promote_types(h.dtype, w_emb.dtype)))
