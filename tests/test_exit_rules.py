@@ -1,7 +1,8 @@
 """Exit rules are objects every consumer of the pass driver honours, and run-time settings travel per call.
 
 A toy rule defined here alone (tokens with even ids stop after pass 2) reaches the training forward, cached
-decoding, depth-batched decoding, self-speculative decoding, lm-eval scoring and the PALBERT classifier, with the
+decoding, depth-batched decoding, static (compilable) decoding, self-speculative decoding, lm-eval scoring and the
+PALBERT classifier, with the
 same exit passes in each. A model's config is unchanged by any call, a saved ``config.json`` holds no run-time
 setting, and a checkpoint whose ``config.json`` still holds the run-time keys of earlier versions loads and gives
 the same logits."""
@@ -84,6 +85,19 @@ def test_depth_batched_decoding(model, ids):
     inputs = torch.cat([ids[:, 5:6], gen[:, :-1]], 1)  # the token each generated one was predicted from
     assert torch.equal(res.exit_pass, expected_exits(inputs))
     with torch.no_grad():  # row by row, the cached forward with the same rule gives the same tokens
+        ref = model.generate(ids[:, :6], max_new_tokens=8, do_sample=False, settings=RULE, pad_token_id=0)
+    assert torch.equal(res.sequences, ref)
+
+
+@pytest.mark.parametrize("per_pass", [True, False], ids=["pass-by-pass", "whole-step"])
+def test_static_decoding(model, ids, per_pass):
+    from adaponder.modeling.static_decoding import StaticDecoder
+
+    res = StaticDecoder(model, RULE, per_pass=per_pass).generate(ids[:, :6], max_new_tokens=8)
+    gen = res.sequences[:, 6:]
+    inputs = torch.cat([ids[:, 5:6], gen[:, :-1]], 1)
+    assert torch.equal(res.exit_pass, expected_exits(inputs))
+    with torch.no_grad():
         ref = model.generate(ids[:, :6], max_new_tokens=8, do_sample=False, settings=RULE, pad_token_id=0)
     assert torch.equal(res.sequences, ref)
 
