@@ -2,10 +2,9 @@
 
 A toy rule defined here alone (tokens with even ids stop after pass 2) reaches the training forward, cached
 decoding, depth-batched decoding, static (compilable) decoding, self-speculative decoding, lm-eval scoring and the
-PALBERT classifier, with the
-same exit passes in each. A model's config is unchanged by any call, a saved ``config.json`` holds no run-time
-setting, and a checkpoint whose ``config.json`` still holds the run-time keys of earlier versions loads and gives
-the same logits."""
+PALBERT classifier, with the same exit passes in each. A model's config is unchanged by any call, a saved
+``config.json`` holds no run-time setting, and a checkpoint whose ``config.json`` still holds the run-time keys of
+earlier versions loads and gives the same logits."""
 
 from __future__ import annotations
 
