@@ -114,7 +114,8 @@ def bench(shape: str, batch: int, args, bandwidth: float) -> list[dict]:
         kv = decoders["static"].new_cache(batch, capacity)
         key_ok = torch.ones(batch, capacity, dtype=torch.bool, device=args.device)
         with HostSyncCounter() as counter:
-            decode_step(model, settings, pass_buffers(kv), key_ok, prompt[:, -1], torch.tensor([args.context], device=args.device),
+            decode_step(model, settings, pass_buffers(kv), key_ok, prompt[:, -1],
+                        torch.tensor([args.context], device=args.device),
                         torch.full((batch,), args.context, device=args.device))
         mean_exit = float(out.exit_pass[:, 1:].float().mean())
         bytes_full = step_bytes(model, batch, capacity)
@@ -132,7 +133,8 @@ def bench(shape: str, batch: int, args, bandwidth: float) -> list[dict]:
               + "  ".join(f"{k} {batch / t:8.1f}" for k, t in per.items())
               + f"  | compiled/eager {row['compiled_over_eager']:5.2f}×  whole-step/eager "
               f"{row['whole_step_over_eager']:5.2f}×  | {row['step_mb']:6.1f} MB/step = "
-              f"{row['by_pass_bandwidth_share']:5.1%} of GEMV bandwidth by pass (whole step {row['whole_step_mb']:6.1f} MB = "
+              f"{row['by_pass_bandwidth_share']:5.1%} of GEMV bandwidth by pass "
+              f"(whole step {row['whole_step_mb']:6.1f} MB = "
               f"{row['whole_step_bandwidth_share']:5.1%}, {counter.count} host syncs)", flush=True)
     print(f"{shape:>6} B={batch:<3} compilation: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
     return rows

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+from adaponder.modeling.pass_step import generate_positions
 from adaponder.modeling.ponder_cache import PonderCache
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers
@@ -82,7 +83,7 @@ def test_the_static_cache_equals_the_dynamic_one_at_every_pass_and_layer(per_pas
     out = decoder.generate(ids, mask, 6)
     kv = kv_seen["kv"]
     # the eager cached forward, token by token, with generate()'s positions
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    positions = generate_positions(mask, 0, mask.shape[1])
     res = model(ids, attention_mask=mask, position_ids=positions, use_cache=True, settings=TAU)
     cache, m = res.cache, mask
     for t in range(5):

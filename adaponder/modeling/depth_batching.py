@@ -356,8 +356,7 @@ class TickLayout:
         """E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering (the softmax in place: z is not read
         afterwards)."""
         z = self.z
-        self.nxt_h = z.argmax(-1)
-        self.halt_h, self.nxt_h = torch.stack([(~going).long(), self.nxt_h]).tolist()  # the tick's one host sync
+        self.halt_h, self.nxt_h = torch.stack([(~going).long(), z.argmax(-1)]).tolist()  # the tick's one host sync
         go = [i for i, stop in enumerate(self.halt_h) if not stop]
         if not go:
             return None

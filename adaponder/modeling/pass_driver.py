@@ -116,6 +116,7 @@ def run_passes(core, ctx: PassContext, aligner: KVAligner, run: PassRun | None =
     grid = GridLayout(core, ctx, aligner, run, last, settings, gate_warmup, return_pass_logits)
     drive(core, grid, settings.rule, settings)
     run = grid.run
+    run.carry = grid.carry
     if run.next_pass > grid.K:
         while len(run.active_fraction) < core.config.num_passes:
             run.active_fraction.append(run.active_fraction[-1] * 0)
@@ -139,14 +140,7 @@ class GridLayout:
         self.return_pass_logits = return_pass_logits
         self.s = None  # the gate values of the pass (A5), None where no gate weighs the feedback
         self.ending = False
-
-    @property
-    def carry(self):
-        return self.run.carry
-
-    @carry.setter
-    def carry(self, value):
-        self.run.carry = value
+        self.carry = self.run.carry  # back into the run when the loop ends (run_passes)
 
     def running(self) -> bool:
         run = self.run
@@ -198,7 +192,7 @@ class GridLayout:
             pass_idx=i, num_passes=self.K, active=run.active, gate=None if self.s is None else self.s.detach(),
             logits=self.core.lm_head(self._full(h_flat)) if "logits" in needs else None,
             hidden=self._full(h_flat) if "hidden" in needs else None,
-            token_ids=self.ctx.ids if "token_ids" in needs else None, valid=self.ctx.valid, carry=run.carry)
+            token_ids=self.ctx.ids if "token_ids" in needs else None, valid=self.ctx.valid, carry=self.carry)
         return view, False
 
     def feedback(self, h_flat, state_flat, going):

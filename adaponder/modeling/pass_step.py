@@ -98,6 +98,13 @@ def first_input(x0: torch.Tensor, scale: float) -> torch.Tensor:
     """``E⁰ = c·Ẽ[x]`` (A1) from the token embeddings ``W_E[x]``; ``scale`` is the config's ``first_pass_scale``."""
     return x0 * scale if scale != 1.0 else x0
 
+def generate_positions(mask: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """Position ids of slots ``start .. start+count-1``: the number of real tokens before each (left padding does not
+    count), as transformers' ``generate`` numbers them; padding slots get 1."""
+    pos = mask.long().cumsum(-1) - 1
+    pos = pos.masked_fill(mask == 0, 1)
+    return pos[:, start:start + count]
+
 
 class SkinnyLinear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose products of a few rows — a decode step at small batch —
@@ -164,4 +171,5 @@ def ponder_loss(gate_values: torch.Tensor, gate_mask: torch.Tensor, k: float) ->
 
 
 __all__ = ["GateOutput", "GateWarmup", "PassContext", "PassRun", "PonderGate", "SkinnyLinear", "first_input",
+           "generate_positions",
            "ponder_loss"]

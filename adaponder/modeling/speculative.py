@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .pass_driver import run_passes
-from .pass_step import PassRun
+from .pass_step import PassRun, generate_positions
 from .ponder_cache import KVAligner, PonderCache
 from .run_settings import RunSettings, settings_or_default
 from .way_choice import WayChooser
@@ -153,7 +153,7 @@ class SelfSpeculativeDecoder:
         self._warp = (lambda z: warp(z, temperature, top_k, top_p)) if do_sample else (lambda z: z.float())
         self.do_sample, self.generator = do_sample, generator
         cache = cache if cache is not None else PonderCache(model.config.num_passes, model.config.num_hidden_layers)
-        out = model(input_ids, attention_mask=mask, position_ids=_positions(mask, 0, length), cache=cache,
+        out = model(input_ids, attention_mask=mask, position_ids=generate_positions(mask, 0, length), cache=cache,
                     use_cache=True, settings=self.settings)
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
@@ -189,8 +189,8 @@ class SelfSpeculativeDecoder:
         model = self.model
         n = cache.pass_layer(self.settings.num_passes(model.config.num_passes), 0).get_seq_length()
         step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(pending[:, None], attention_mask=step_mask, position_ids=_positions(step_mask, n, 1), cache=cache,
-                    use_cache=True, settings=self.settings)
+        out = model(pending[:, None], attention_mask=step_mask, position_ids=generate_positions(step_mask, n, 1),
+                    cache=cache, use_cache=True, settings=self.settings)
         self.stats.plain_steps += 1
         return self._choose(self._warp(out.logits[:, -1]))[:, None]
 
@@ -204,7 +204,7 @@ class SelfSpeculativeDecoder:
         ids, runs, draft_logp = [pending.reshape(-1)], [], []
         for j in range(gamma):  # 1. draft: passes 1..P, one token per row
             step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], j + 1)], dim=1)
-            ctx = model.pass_context(ids[-1][:, None], step_mask, _positions(step_mask, n + j, 1), cache=cache,
+            ctx = model.pass_context(ids[-1][:, None], step_mask, generate_positions(step_mask, n + j, 1), cache=cache,
                                      past=n + j)
             run = run_passes(model, ctx, KVAligner(model.config.num_hidden_layers, cache), last=P,
                              settings=self.settings)
@@ -234,7 +234,7 @@ class SelfSpeculativeDecoder:
         model, P = self.model, self.config.draft_passes
         gamma = block.shape[1]
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], gamma)], dim=1)
-        ctx = model.pass_context(block, full_mask, _positions(full_mask, n, gamma), cache=cache, past=n)
+        ctx = model.pass_context(block, full_mask, generate_positions(full_mask, n, gamma), cache=cache, past=n)
         aligner = KVAligner(model.config.num_hidden_layers, cache)
         for layer in range(model.config.num_hidden_layers):
             k, v = cache.view(P, layer)
@@ -271,14 +271,6 @@ class SelfSpeculativeDecoder:
 
     def _sample(self, logp: torch.Tensor, generator) -> torch.Tensor:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-
-
-def _positions(mask: torch.Tensor, start: int, count: int) -> torch.Tensor:
-    """Position ids of slots ``start .. start+count-1``: the number of real tokens before each (left padding does not
-    count), as transformers' ``generate`` numbers them; padding slots get 1."""
-    pos = mask.long().cumsum(-1) - 1
-    pos = pos.masked_fill(mask == 0, 1)
-    return pos[:, start:start + count]
 
 
 __all__ = ["SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "warp"]

@@ -29,7 +29,7 @@ import torch
 
 from .exit_rules import PassView
 from .pass_driver import drive
-from .pass_step import first_input
+from .pass_step import first_input, generate_positions
 from .ponder_cache import PonderCache
 from .run_settings import RunSettings, settings_or_default
 from .way_choice import WayChooser
@@ -49,9 +49,9 @@ RECOMPILE_LIMIT = 64
 
 def pass_buffers(kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The keys and values of every (layer, pass) of a static cache ``[L, 2, K, B, heads, capacity, hd]`` as separate
-    ``[B, heads, capacity, hd]`` views, layer-major: ``buffers[2·(l·K + p) + j]`` (``j`` 0: keys, 1: values). A compiled
-    step writes into each of them in place; written through views of the one cache tensor, inductor would copy the
-    whole cache back at every write."""
+    ``[B, heads, capacity, hd]`` views, layer-major: ``buffers[2·(l·K + p) + j]`` (``j`` 0: keys, 1: values). A
+    compiled step writes into each of them in place; written through views of the one cache tensor, inductor would
+    copy the whole cache back at every write."""
     L, _, K = kv.shape[:3]
     return tuple(kv[layer, j, p] for layer in range(L) for p in range(K) for j in range(2))
 
@@ -110,14 +110,7 @@ class StaticLayout:
         self.static = StaticKV(buffers, model.config.num_passes, slot)
         self.state = state
         self.i, self.s, self.ending = first - 1, None, False
-
-    @property
-    def carry(self):
-        return self.state.carry
-
-    @carry.setter
-    def carry(self, value):
-        self.state.carry = value
+        self.carry = state.carry  # back into the state when the passes end (decode_passes)
 
     def running(self) -> bool:
         return not self.ending and self.i < self.last
@@ -144,7 +137,7 @@ class StaticLayout:
         view = PassView(pass_idx=i, num_passes=self.K, active=st.active, gate=self.s,
                         logits=self.model.lm_head(h) if "logits" in needs else None,
                         hidden=h if "hidden" in needs else None, token_ids=self.ids if "token_ids" in needs else None,
-                        carry=st.carry)
+                        carry=self.carry)
         return view, False
 
     def feedback(self, h, state, going):
@@ -166,9 +159,10 @@ def decode_passes(model, settings: RunSettings, buffers: tuple[torch.Tensor, ...
                   ids: torch.Tensor, slot: torch.Tensor, position: torch.Tensor, state: StepState, first: int,
                   last: int) -> StepState:
     """Passes ``first..last`` of a static decode step (the pass driver over :class:`StaticLayout`)."""
-    layout = StaticLayout(model, buffers, mask, ids, slot, position, settings.num_passes(model.config.num_passes), state,
-                          first, last)
+    K = settings.num_passes(model.config.num_passes)
+    layout = StaticLayout(model, buffers, mask, ids, slot, position, K, state, first, last)
     drive(model, layout, settings.rule, settings)
+    layout.state.carry = layout.carry
     return layout.state
 
 
@@ -295,7 +289,7 @@ class StaticDecoder:
         if capacity > model.config.max_position_embeddings:
             capacity = max(need, model.config.max_position_embeddings)
         kv = self.new_cache(batch, capacity, device)
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+        positions = generate_positions(attention_mask, 0, length)
         out = model(input_ids, attention_mask=attention_mask, position_ids=positions,
                     cache=PonderCache.with_buffers(kv), use_cache=True, logits_to_keep=1,
                     settings=settings.replace(compile=False))
