@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from adaponder.modeling import pythia_config
 from adaponder.modeling.pondering import pondering_from_hidden, pondering_from_logits
 
 
@@ -139,6 +140,21 @@ def test_row_chunks_are_balanced_and_cover_all_rows():
     assert max(sizes) - min(sizes) <= 1 and max(sizes) * 50304 <= 1 << 25
     assert _row_chunks(10, 7, 3) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert _row_chunks(0, 7, 3) == []
+
+
+def test_a_gpu_takes_larger_pondering_blocks_and_the_plan_counts_them():
+    """A 70M micro-batch of 16k tokens: 25 blocks on the CPU, 7 on a CUDA device (fewer launches); an explicit
+    chunk size wins on both; the GPU plan's workspace holds the larger block."""
+    from adaponder.modeling.pondering import _row_chunks
+    from adaponder.train import plan
+
+    assert len(_row_chunks(16384, 50304, 0, "cpu")) == 25
+    assert len(_row_chunks(16384, 50304, 0, "cuda")) == 7
+    assert _row_chunks(16384, 50304, 4096, "cuda") == _row_chunks(16384, 50304, 4096, "cpu")
+    mc = pythia_config("70m", mode="ponderlm", passes=4)
+    cpu = plan.workspace_bytes(mc, 8, 2048, "bf16")
+    gpu = plan.workspace_bytes(mc, 8, 2048, "bf16", block_entries=plan.CUDA_BLOCK_ENTRIES)
+    assert gpu - cpu == 2 * (2668 - 667) * 50304 * (4 + 2)  # two blocks (pondering's backward has its own)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 9, 100, 256, 257])

@@ -151,6 +151,34 @@ def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
     assert chooser.interval == 8  # the probe lost: the next one waits twice as long
 
 
+class StopAfterPassOne:
+    needs = frozenset()
+    carries = False
+
+    def stops(self, view):
+        return torch.ones_like(view.active)
+
+
+@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+def test_the_adaptive_schedule_drafts_only_where_drafting_could_pay(exit_rule, drafts):
+    """Tokens that all exit after pass 1 cost ordinary decoding what a pass-1 draft costs: the adaptive schedule
+    never times a cycle there (every step ordinary); a model whose tokens take all K passes drafts."""
+    model = make("ponderlm")
+    ids, mask = prompts()
+    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, settings=settings,
+                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=12, settings=settings, pad_token_id=0,
+                             speculative=SpeculativeConfig(1, 2, adaptive=True, probe_every=4))
+    assert torch.equal(out, ref)
+    stats = model.speculative_stats
+    assert stats.plain_steps >= 1  # the schedule starts with ordinary decoding
+    assert (stats.cycles > 0) == drafts
+    if not drafts:
+        assert stats.plain_steps == 11
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"draft_passes must lie in \[1, K\) = \[1, 3\), got 3"):
         SelfSpeculativeDecoder(make("ponderlm"), SpeculativeConfig(draft_passes=3))

@@ -23,8 +23,18 @@ import threading
 
 import torch
 
-#: Default cap on the probabilities held at once (entries of one [rows, V] block): 2**25 fp32 = 128 MiB.
+#: Default cap on the probabilities held at once (entries of one [rows, V] block): 2**25 fp32 = 128 MiB. On the
+#: CPU larger blocks gain nothing (a 128 MiB block already runs at the GEMM's speed, and page faults grow).
 DEFAULT_BLOCK = 1 << 25
+#: The cap on a CUDA device: 2**27 fp32 = 512 MiB. Each block is a few kernel launches per pass and direction,
+#: and at the 70M shape (V = 50304) a 16k-token micro-batch in 2**25-entry blocks is 25 blocks of ~670 rows —
+#: launches and their host round trips the GPU waits on; at 2**27 it is 7 blocks of ~2,700 rows.
+CUDA_BLOCK = 1 << 27
+
+
+def block_entries(device: torch.device | str) -> int:
+    """The default cap on one ``[rows, V]`` block on ``device`` (``RunSettings(chunk_size=0)``)."""
+    return CUDA_BLOCK if torch.device(device).type == "cuda" else DEFAULT_BLOCK
 
 _local = threading.local()
 
@@ -46,9 +56,9 @@ def _buffer(slot: str, shape: tuple[int, int], dtype: torch.dtype, device: torch
     return buf[:numel].view(shape)
 
 
-def _row_chunks(n: int, vocab: int, chunk: int) -> list[tuple[int, int]]:
-    """Row ranges of at most ``chunk`` rows (0: at most DEFAULT_BLOCK / V rows), sizes differing by ≤ 1."""
-    cap = chunk or max(1, DEFAULT_BLOCK // max(vocab, 1))
+def _row_chunks(n: int, vocab: int, chunk: int, device: torch.device | str = "cpu") -> list[tuple[int, int]]:
+    """Row ranges of at most ``chunk`` rows (0: at most :func:`block_entries` / V rows), sizes differing by ≤ 1."""
+    cap = chunk or max(1, block_entries(device) // max(vocab, 1))
     pieces = max(1, math.ceil(n / cap))
     bounds = [i * (n // pieces) + min(i, n % pieces) for i in range(pieces + 1)]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
@@ -226,7 +236,7 @@ class _ChunkedPondering(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w_out, w_emb, alpha: float, chunk: int, recompute: bool):
         out = torch.empty(h.shape[0], w_emb.shape[1], dtype=h.dtype, device=h.device)
-        chunks = _row_chunks(h.shape[0], w_out.shape[0], chunk)
+        chunks = _row_chunks(h.shape[0], w_out.shape[0], chunk, h.device)
         kept = []
         for s, e in chunks:
             probs = _probs(h[s:e], w_out, "z")
@@ -297,7 +307,7 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
             torch.mm(h, w_out.t(), out=z)
         return pondering_from_logits(z, w_emb, alpha, in_place=True)
     out = torch.empty(h.shape[0], w_emb.shape[1], dtype=dtype, device=h.device)
-    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk, h.device):
         torch.mm(_cast(_probs(h[s:e], w_out, "z"), out.dtype, "z"), w_emb.to(out.dtype), out=out[s:e])
     return out.mul_(alpha) if alpha != 1.0 else out
 
@@ -319,7 +329,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float64, device=h.device)
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = None
-        for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+        for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk, h.device):
             hc, tgt = h[s:e], targets[s:e]
             probs = _logits(hc, w_out, "z")
             part, ok = _ce_chunk(probs, tgt)
@@ -358,7 +368,7 @@ def linear_cross_entropy(h: torch.Tensor, w_out: torch.Tensor, targets: torch.Te
         return _LinearCrossEntropy.apply(h, w_out, targets, chunk, need_h, need_w)
     n_valid = (targets != -100).sum().clamp(min=1)
     total = torch.zeros((), dtype=torch.float64, device=h.device)
-    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk):
+    for s, e in _row_chunks(h.shape[0], w_out.shape[0], chunk, h.device):
         total += _ce_chunk(_logits(h[s:e], w_out, "z"), targets[s:e])[0]
     return (total / n_valid).to(_wide(h.dtype))
 

@@ -27,6 +27,8 @@ This file travels with saved checkpoints (``auto_map``): standard library, torch
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import torch
@@ -45,13 +47,20 @@ class SpeculativeConfig:
     was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way) — and
     drafting itself is measured against ordinary decoding: the decoder times its seconds per token both ways and
     decodes the faster way, trying the other again after every ``probe_every`` tokens, so a model whose drafts do
-    not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed."""
+    not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed.
+    The adaptive schedule starts with ordinary decoding and drafts at all only where drafting could pay: its best
+    case (every draft accepted, γ at ``max_draft_tokens``) reads the weights ``P + (D − P)/γ`` times per token
+    where ordinary decoding reads them ``D`` times (``D``: the passes the decoded tokens took, the deepest row of
+    each step), and a cycle is timed only while ``D / (P + (D − P)/γ) ≥ min_gain`` with ``D`` the lower end of a
+    one-standard-error band around the decoded tokens' mean (at least two tokens seen) — a model whose tokens exit
+    after pass P anyway never pays for a probe, and a few deep tokens at the start do not buy one."""
 
     draft_passes: int = 1
     draft_tokens: int = 4
     adaptive: bool = False
     max_draft_tokens: int = 16
     probe_every: int = 32
+    min_gain: float = 1.1
 
     def check(self, num_passes: int) -> None:
         problems = []
@@ -59,6 +68,8 @@ class SpeculativeConfig:
             problems.append(f"draft_passes must lie in [1, K) = [1, {num_passes}), got {self.draft_passes}")
         if self.draft_tokens < 1:
             problems.append(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        if self.min_gain <= 0:
+            problems.append(f"min_gain must be > 0, got {self.min_gain}")
         if self.adaptive and self.max_draft_tokens < self.draft_tokens:
             problems.append(f"max_draft_tokens ({self.max_draft_tokens}) must be >= draft_tokens ({self.draft_tokens})")
         if problems:
@@ -158,11 +169,16 @@ class SelfSpeculativeDecoder:
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
-        chooser = (WayChooser(("draft", "plain"), self.config.probe_every, input_ids.device)
+        chooser = (WayChooser(("plain", "draft"), self.config.probe_every, input_ids.device)
                    if self.config.adaptive else None)
+        # sum and sum of squares of the deepest exit pass of each decoded position
+        self._depth = torch.zeros(2, device=input_ids.device)
+        self._depth_steps = 0
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
             way = "draft" if chooser is None else chooser.next_way()
+            if way == "draft" and chooser is not None and not self._drafting_may_pay():
+                way = "plain"
             started = chooser.start() if chooser is not None else None
             if way == "draft":
                 new = self._cycle(tokens[-1][:, -1], mask, cache, step)
@@ -183,6 +199,25 @@ class SelfSpeculativeDecoder:
             new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
         return torch.cat([input_ids, new], dim=1)
 
+    def _drafting_may_pay(self) -> bool:
+        """The bound of :class:`SpeculativeConfig`: could a cycle with every draft accepted beat ordinary decoding
+        by ``min_gain`` at the depth the decoded tokens took? (One host read, only when a draft is due.)"""
+        n = self._depth_steps
+        if n < 2:
+            return False
+        total, squares = self._depth.tolist()
+        mean = total / n
+        spread = max(squares / n - mean * mean, 0.0) * n / (n - 1)
+        depth = mean - math.sqrt(spread / n)
+        P, gamma = self.config.draft_passes, self.config.max_draft_tokens
+        return depth / (P + max(depth - P, 0.0) / gamma) >= self.config.min_gain
+
+    def _note_depth(self, exit_pass: torch.Tensor) -> None:
+        """``exit_pass`` ``[B, n]`` of n decoded positions: each position's deepest row joins the running depth."""
+        deepest = exit_pass.amax(0).float()
+        self._depth += torch.stack([deepest.sum(), deepest.square().sum()])
+        self._depth_steps += exit_pass.shape[1]
+
     def _plain_step(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache) -> torch.Tensor:
         """Ordinary decoding of one token: every row's ``pending`` token through the passes (the cached forward);
         returns the next pending token, ``[B, 1]`` — what a cycle of one verified token returns, without a draft."""
@@ -192,6 +227,8 @@ class SelfSpeculativeDecoder:
         out = model(pending[:, None], attention_mask=step_mask, position_ids=generate_positions(step_mask, n, 1),
                     cache=cache, use_cache=True, settings=self.settings)
         self.stats.plain_steps += 1
+        if out.exit_pass is not None:
+            self._note_depth(out.exit_pass)
         return self._choose(self._warp(out.logits[:, -1]))[:, None]
 
     # -- one cycle -----------------------------------------------------------------------------------------------
@@ -244,6 +281,7 @@ class SelfSpeculativeDecoder:
         run = PassRun.resume(cat("E"), cat("active"), cat("exit_pass"), cat("h_hat"), P + 1,
                              compact=self.settings.compact and ctx.impl != "flash_attention_2", carry=carry)
         run = run_passes(model, ctx, aligner, run, settings=self.settings)
+        self._note_depth(run.exit_pass)
         return self._warp(model.lm_head(run.h_hat))
 
     def _accept(self, drafts, draft_logp, full_logp):

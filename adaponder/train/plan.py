@@ -58,8 +58,9 @@ GiB = 1024**3
 #: Share of the usable memory a shipped preset leaves free, and that the advice keeps free: the model misses
 #: allocator fragmentation and a ±15% error against measured peaks is accepted (``tests/test_plan.py``).
 HEADROOM = 0.10
-#: Rows × V entries of one pondering/loss block (``adaponder.modeling.pondering.DEFAULT_BLOCK``).
+#: Rows × V entries of one pondering/loss block on the CPU and on a GPU (``adaponder.modeling.pondering``).
 BLOCK_ENTRIES = 1 << 25
+CUDA_BLOCK_ENTRIES = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -167,13 +168,15 @@ def activation_bytes(mc, micro_batch: int, seq_len: int, precision: str, checkpo
     return positions * per_position + loss
 
 
-def workspace_bytes(mc, micro_batch: int, seq_len: int, precision: str, settings: RunSettings | None = None) -> float:
-    """The pondering/loss probability blocks and one layer's gradients in flight during backward."""
+def workspace_bytes(mc, micro_batch: int, seq_len: int, precision: str, settings: RunSettings | None = None,
+                    block_entries: int = BLOCK_ENTRIES) -> float:
+    """The pondering/loss probability blocks and one layer's gradients in flight during backward
+    (``block_entries``: the device's default block, when ``settings.chunk_size`` is 0)."""
     settings = settings or RunSettings()
     a = _dtype_bytes(precision)
     d, f, V = mc.hidden_size, mc.intermediate_size, mc.vocab_size
     rows = micro_batch * seq_len
-    cap = settings.chunk_size or max(1, BLOCK_ENTRIES // V)
+    cap = settings.chunk_size or max(1, block_entries // V)
     block = min(rows, cap) * V * (4 + (a if a != 4 else 0))
     positions = rows * (mc.num_pauses + 1)
     in_flight = positions * (f + 3 * d) * a  # one f-wide and three d-wide gradients of the layer in backward
@@ -216,8 +219,10 @@ def state_bytes(n_params: float, zero_stage: int, precision: str, world: int, of
 
 
 def memory(mc, n_params: int, *, micro_batch: int, seq_len: int, zero_stage: int, precision: str, world: int,
-           checkpointing: bool, offload: bool = False, settings: RunSettings | None = None) -> Memory:
-    """The per-rank memory of one configuration (bytes)."""
+           checkpointing: bool, offload: bool = False, settings: RunSettings | None = None,
+           block_entries: int = BLOCK_ENTRIES) -> Memory:
+    """The per-rank memory of one configuration (bytes); ``block_entries``: the pondering block of the device it
+    runs on (:data:`CUDA_BLOCK_ENTRIES` for a GPU)."""
     w = _dtype_bytes(precision)
     bucket = min(5e8, math.ceil(n_params / 2**20) * 2**20)  # as build_ds_config sizes DeepSpeed's buckets
     gathered = 0.0
@@ -227,7 +232,7 @@ def memory(mc, n_params: int, *, micro_batch: int, seq_len: int, zero_stage: int
         gathered = (2 * V * d + bucket / 10 + 2 * layer) * w
     s = state_bytes(n_params, zero_stage, precision, world, offload, bucket, gathered)
     acts = activation_bytes(mc, micro_batch, seq_len, precision, checkpointing, settings)
-    ws = workspace_bytes(mc, micro_batch, seq_len, precision, settings)
+    ws = workspace_bytes(mc, micro_batch, seq_len, precision, settings, block_entries)
     persistent = s["params"] + s["optimizer"] + s["buffers"] + s["persistent_grads"]
     transient_grads = s["grads"] - s["persistent_grads"]
     peak = persistent + max(acts + ws, transient_grads + s["step_temps"])
@@ -341,7 +346,7 @@ def make_plan(cfg: TrainConfig, gpus: int, device: Device, *, mfu: float = 0.4, 
     def estimate(b, ckpt):
         return memory(mc, n, micro_batch=b, seq_len=rp.seq_len, zero_stage=ds.zero_stage, precision=prec,
                       world=gpus, checkpointing=ckpt, offload=ds.offload_optimizer != "none",
-                      settings=cfg.run_settings())
+                      settings=cfg.run_settings(), block_entries=CUDA_BLOCK_ENTRIES)
 
     fwd_backbone = flops["backbone"] / 3  # recomputed once per step under per-pass checkpointing
     for name, ckpt in variants.items():
