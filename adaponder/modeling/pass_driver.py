@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from .compaction_choice import CompactionChoice, start_timer, stop_timer
 from .exit_rules import ExitRule, PassView
 from .pass_step import GateWarmup, PassContext, PassRun
 from .ponder_cache import KVAligner, TokenSubset
@@ -133,7 +134,10 @@ class GridLayout:
         self.core, self.ctx, self.aligner, self.gate_warmup = core, ctx, aligner, gate_warmup
         self.K = settings.num_passes(cfg.num_passes)
         self.last = self.K if last is None else min(last, self.K)
-        self.compact_ok = settings.compact and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
+        self.compact_ok = bool(settings.compact) and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
+        # "auto": compaction or a dense masked pass, whichever the measurements say is faster at this grid size
+        self.choice = compaction_choice(core) if self.compact_ok and settings.compact == "auto" else None
+        self.timer = None  # (started, compacted) while the pass is being measured
         self.run = PassRun.start(ctx) if run is None else run
         self.n_valid = ctx.valid.sum().clamp(min=1)
         self.grad = torch.is_grad_enabled()
@@ -157,6 +161,10 @@ class GridLayout:
     def run_pass(self):
         run, ctx = self.run, self.ctx
         i = run.next_pass
+        if self.choice is not None:
+            compacted = run.subset is not None
+            timed = self.choice.wants_timing(run.E.device, ctx.batch * ctx.length, compacted)
+            self.timer = (start_timer(run.E.device), compacted) if timed else None
         h_flat, state_flat = self.core.run_pass(run.E, ctx, i, self.aligner, run.active if i > 1 else None,
                                                 run.subset)
         # A9 on hidden states: the head runs once, on each token's exit-pass state, instead of
@@ -234,6 +242,12 @@ class GridLayout:
         if self.ending:
             return
         run = self.run
+        total = self.ctx.batch * self.ctx.length
+        if self.timer is not None:
+            started, compacted = self.timer
+            computed = run.subset.num_tokens if compacted else total
+            self.choice.record(run.E.device, total, compacted, computed, stop_timer(run.E.device, started))
+            self.timer = None
         if E is not None:
             run.E = E.reshape(run.E.shape)
         next_active = run.active if going is None else going
@@ -241,10 +255,20 @@ class GridLayout:
         run.active = next_active
         going_on = self.going_on
         compact = self.compact_ok and going_on is not None and going_on.num_tokens < next_active.numel()
+        if compact and self.choice is not None:
+            compact = self.choice.choose(run.E.device, total, going_on.num_tokens)
         run.subset = going_on if compact else None
 
     def _full(self, flat: torch.Tensor) -> torch.Tensor:
         return _unflatten(flat, self.run.subset, self.ctx.batch, self.ctx.length)
+
+
+def compaction_choice(core) -> CompactionChoice:
+    """The model's compaction measurements (kept on the model: every call at a grid size refines them)."""
+    choice = getattr(core, "_compaction_choice", None)
+    if choice is None:
+        choice = core._compaction_choice = CompactionChoice()
+    return choice
 
 
 def _unflatten(flat: torch.Tensor, subset: TokenSubset | None, batch: int, length: int) -> torch.Tensor:

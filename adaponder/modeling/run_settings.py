@@ -33,8 +33,11 @@ class RunSettings:
     tau: τ of A6 for the default exit rule (a token stops after pass i when its gate ``s^i < τ``).
     exit_rule: an :class:`~.exit_rules.ExitRule`; None: the threshold rule at ``tau`` (``ThresholdExit(tau)``).
     passes: run at most this many passes (None: the model's K). A gated model has gates for its K passes only.
-    compact: without gradients, passes after the first compute only the still-active tokens (A16); results are
-        identical, compute falls with the halted fraction. False runs every token through every pass (ZeRO-3).
+    compact: without gradients, passes after the first may compute only the still-active tokens (A16); results
+        are identical either way. ``"auto"`` (the default) compacts where the model's own measurements say it is
+        faster than a dense pass with the halted tokens masked (:mod:`.compaction_choice`: gathering and
+        scattering can cost more than the work skipped); True always compacts; False runs every token through
+        every pass (ZeRO-3).
     chunk_size: most tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4) and the loss
         (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25 probabilities).
     recompute: in training, recompute each pondering pass's probabilities in backward (memory does not grow with
@@ -47,7 +50,7 @@ class RunSettings:
     tau: float = DEFAULT_TAU
     exit_rule: ExitRule | None = None
     passes: int | None = None
-    compact: bool = True
+    compact: bool | str = "auto"
     chunk_size: int = 0
     recompute: bool = True
     compile: bool = False
@@ -57,6 +60,9 @@ class RunSettings:
         if self.passes is not None and (isinstance(self.passes, bool) or not isinstance(self.passes, int)
                                         or self.passes < 1):
             raise ValueError(f"passes must be an integer >= 1, got {self.passes!r}")
+        if self.compact not in (True, False, "auto") or isinstance(self.compact, int) and not isinstance(
+                self.compact, bool):
+            raise ValueError(f"compact must be True, False or 'auto', got {self.compact!r}")
         if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 0:
             raise ValueError(f"chunk_size must be an integer >= 0 (0 = the default block), got {self.chunk_size!r}")
         if self.exit_rule is not None and not isinstance(self.exit_rule, ExitRule):
