@@ -113,9 +113,12 @@ def speculative_bytes(model, config: SpeculativeConfig, gamma_run: float, contex
 
 def timed(fn, repeats: int):
     best, out = float("inf"), None
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         out = fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return best, out
 
@@ -186,6 +189,7 @@ def main(argv=None):
     ap.add_argument("--adaptive", action="store_true", help="also a row with γ adapted to the acceptance (aN: up to N)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
     batches = _checked_arguments(args)
@@ -202,8 +206,9 @@ def main(argv=None):
     for spec in specs:
         for dtype_name in args.dtypes.split(","):
             model, name = load_model(spec, DTYPES[dtype_name])
+            model = model.to(args.device)
             for batch in batches:
-                ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data)
+                ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data).to(args.device)
                 rows += bench_one(model, name, ids, args, dtype_name)
     print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
           "whole call (the same prefill in both; prefill alone: prefill_s in --json); × = spec/ord; same = identical greedy tokens; accept = accepted\n"

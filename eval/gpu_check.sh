@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: on a CUDA machine, measure bf16 training MFU at the Pythia-70M and -410M shapes
-# and decode tokens/s (eager and compiled), and append the figures (with date and hardware) to docs/benchmarks.md.
+# decode tokens/s (eager and compiled), prefill and decode with halting against without (the measured
+# compaction rule), self-speculative decoding, and append the figures (with date and hardware) to docs/benchmarks.md.
 # GPU_CHECK_OUT=DIR keeps the raw tables and JSON there (default: a temporary folder).
 #
 #   TORCH_SPEC="torch==2.13.0" bash scripts/setup.sh   # a CUDA build of torch
@@ -20,12 +21,14 @@ hw=$("$PY" -c "import torch; p = torch.cuda.get_device_properties(0); print(f'{p
   --json "$out/infer70m.json" | tee "$out/infer70m.txt"
 "$PY" eval/bench_compiled.py --device cuda --dtype bf16 --shapes 70m,410m --batches 1,8,32 --context 512 \
   --new-tokens 64 --json "$out/compiled.json" | tee "$out/compiled.txt"
+"$PY" eval/bench_speculative.py --device cuda --shapes 70m:adaponder --batches 1,8 --dtypes bf16 --gammas 4,8 \
+  --adaptive --context 256 --new-tokens 64 --repeats 2 --json "$out/speculative.json" | tee "$out/speculative.txt"
 {
   echo
   echo "## GPU check, $(date -u +%Y-%m-%d), ${hw}"
   echo
   echo '```'
-  cat "$out/train70m.txt" "$out/train410m.txt" "$out/infer70m.txt" "$out/compiled.txt"
+  cat "$out/train70m.txt" "$out/train410m.txt" "$out/infer70m.txt" "$out/compiled.txt" "$out/speculative.txt"
   echo '```'
 } >> docs/benchmarks.md
 echo "appended to docs/benchmarks.md"
