@@ -34,6 +34,7 @@ from .pondering import linear_cross_entropy, pondering_from_hidden
 from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
 from .speculative import SelfSpeculativeDecoder
 from .static_decoding import StaticDecoder
+from .static_speculative import StaticSpeculativeDecoder
 
 
 @dataclass
@@ -259,8 +260,21 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         kwargs.setdefault("pad_token_id", gen.pad_token_id)
         if isinstance(kwargs["eos_token_id"], (list, tuple)):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
-        decoder = SelfSpeculativeDecoder(self, speculative, settings=kwargs.pop("settings", None))
+        settings = kwargs.pop("settings", None)
         kwargs.pop("input_ids", None)
+        if isinstance(settings, RunSettings) and settings.compile:  # draft and verify as compiled static steps
+            if kwargs.get("do_sample") or any(kwargs.get(k) is not None for k in ("temperature", "top_k", "top_p",
+                                                                                   "generator")):
+                raise TypeError("compiled self-speculative decoding (RunSettings(compile=True)) is greedy: "
+                                "do_sample, temperature, top_k, top_p and generator are not taken")
+            decoder = getattr(self, "_static_speculative", None)
+            if decoder is None or decoder.settings != settings or decoder.config != speculative:
+                decoder = self._static_speculative = StaticSpeculativeDecoder(self, speculative, settings)
+            out = decoder.generate(ids, kwargs.get("attention_mask"), kwargs["max_new_tokens"],
+                                   kwargs["eos_token_id"], kwargs["pad_token_id"])
+            self.speculative_stats = decoder.stats
+            return out
+        decoder = SelfSpeculativeDecoder(self, speculative, settings=settings)
         out = decoder.generate(ids, **kwargs)
         self.speculative_stats = decoder.stats
         return out

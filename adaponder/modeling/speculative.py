@@ -100,6 +100,35 @@ class SpeculativeStats:
         return sum(self.advances) / len(self.advances) if self.advances else float("nan")
 
 
+class DecodedDepth:
+    """The passes the decoded tokens took — the deepest row of each decoded position, summed with its square — and
+    :class:`SpeculativeConfig`'s bound on what drafting could gain at that depth."""
+
+    def __init__(self):
+        self.sums: torch.Tensor | None = None  # [sum, sum of squares], on the device
+        self.steps = 0
+
+    def note(self, exit_pass: torch.Tensor) -> None:
+        """``exit_pass`` ``[B, n]`` of n decoded positions."""
+        deepest = exit_pass.amax(0).float()
+        part = torch.stack([deepest.sum(), deepest.square().sum()])
+        self.sums = part if self.sums is None else self.sums + part
+        self.steps += exit_pass.shape[1]
+
+    def drafting_may_pay(self, config: SpeculativeConfig) -> bool:
+        """Could a cycle with every draft accepted beat ordinary decoding by ``config.min_gain``? (One host read,
+        only when a draft is due; False until two positions are seen.)"""
+        n = self.steps
+        if n < 2:
+            return False
+        total, squares = self.sums.tolist()
+        mean = total / n
+        spread = max(squares / n - mean * mean, 0.0) * n / (n - 1)
+        depth = mean - math.sqrt(spread / n)
+        P, gamma = config.draft_passes, config.max_draft_tokens
+        return depth / (P + max(depth - P, 0.0) / gamma) >= config.min_gain
+
+
 def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
          top_p: float | None = None) -> torch.Tensor:
     """Log-probabilities after temperature, top-k and top-p, in that order (transformers' warpers' order and
@@ -171,13 +200,11 @@ class SelfSpeculativeDecoder:
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
         chooser = (WayChooser(("plain", "draft"), self.config.probe_every, input_ids.device)
                    if self.config.adaptive else None)
-        # sum and sum of squares of the deepest exit pass of each decoded position
-        self._depth = torch.zeros(2, device=input_ids.device)
-        self._depth_steps = 0
+        self._depth = DecodedDepth()
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
             way = "draft" if chooser is None else chooser.next_way()
-            if way == "draft" and chooser is not None and not self._drafting_may_pay():
+            if way == "draft" and chooser is not None and not self._depth.drafting_may_pay(self.config):
                 way = "plain"
             started = chooser.start() if chooser is not None else None
             if way == "draft":
@@ -199,25 +226,6 @@ class SelfSpeculativeDecoder:
             new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
         return torch.cat([input_ids, new], dim=1)
 
-    def _drafting_may_pay(self) -> bool:
-        """The bound of :class:`SpeculativeConfig`: could a cycle with every draft accepted beat ordinary decoding
-        by ``min_gain`` at the depth the decoded tokens took? (One host read, only when a draft is due.)"""
-        n = self._depth_steps
-        if n < 2:
-            return False
-        total, squares = self._depth.tolist()
-        mean = total / n
-        spread = max(squares / n - mean * mean, 0.0) * n / (n - 1)
-        depth = mean - math.sqrt(spread / n)
-        P, gamma = self.config.draft_passes, self.config.max_draft_tokens
-        return depth / (P + max(depth - P, 0.0) / gamma) >= self.config.min_gain
-
-    def _note_depth(self, exit_pass: torch.Tensor) -> None:
-        """``exit_pass`` ``[B, n]`` of n decoded positions: each position's deepest row joins the running depth."""
-        deepest = exit_pass.amax(0).float()
-        self._depth += torch.stack([deepest.sum(), deepest.square().sum()])
-        self._depth_steps += exit_pass.shape[1]
-
     def _plain_step(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache) -> torch.Tensor:
         """Ordinary decoding of one token: every row's ``pending`` token through the passes (the cached forward);
         returns the next pending token, ``[B, 1]`` — what a cycle of one verified token returns, without a draft."""
@@ -228,7 +236,7 @@ class SelfSpeculativeDecoder:
                     cache=cache, use_cache=True, settings=self.settings)
         self.stats.plain_steps += 1
         if out.exit_pass is not None:
-            self._note_depth(out.exit_pass)
+            self._depth.note(out.exit_pass)
         return self._choose(self._warp(out.logits[:, -1]))[:, None]
 
     # -- one cycle -----------------------------------------------------------------------------------------------
@@ -281,7 +289,7 @@ class SelfSpeculativeDecoder:
         run = PassRun.resume(cat("E"), cat("active"), cat("exit_pass"), cat("h_hat"), P + 1,
                              compact=self.settings.compact and ctx.impl != "flash_attention_2", carry=carry)
         run = run_passes(model, ctx, aligner, run, settings=self.settings)
-        self._note_depth(run.exit_pass)
+        self._depth.note(run.exit_pass)
         return self._warp(model.lm_head(run.h_hat))
 
     def _accept(self, drafts, draft_logp, full_logp):
@@ -311,4 +319,4 @@ class SelfSpeculativeDecoder:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
 
 
-__all__ = ["SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "warp"]
+__all__ = ["DecodedDepth", "SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "warp"]

@@ -62,15 +62,15 @@ class StaticKV:
     (layer, pass)'s buffers (:func:`pass_buffers`) at ``slot`` and returns them whole, ``[B, heads, capacity, hd]``."""
 
     def __init__(self, buffers: tuple[torch.Tensor, ...], num_passes: int, slot: torch.Tensor):
-        self.buffers, self.K, self.slot = buffers, num_passes, slot  # slot: [1] long, on the device
+        self.buffers, self.K, self.slot = buffers, num_passes, slot  # slot: [T] long, on the device
         self.pass_idx = 1
-        self.active: torch.Tensor | None = None  # m^i [B]; None: every row computes this pass
+        self.active: torch.Tensor | None = None  # m^i [B·T]; None: every token computes this pass
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         base = 2 * (layer_idx * self.K + self.pass_idx - 1)
         keys, values = self.buffers[base], self.buffers[base + 1]
         if self.active is not None:  # the previous pass's buffers sit just before
-            m = self.active[:, None, None, None]
+            m = self.active.view(key.shape[0], 1, key.shape[2], 1)
             key = torch.where(m, key, self.buffers[base - 2].index_select(2, self.slot))
             value = torch.where(m, value, self.buffers[base - 1].index_select(2, self.slot))
         keys.index_copy_(2, self.slot, key)
@@ -81,8 +81,9 @@ class StaticKV:
 @dataclass
 class StepState:
     """What a static decode step carries from one pass to the next, on the device: the next pass's input ``E``
-    ``[B, d]``, the active mask ``m`` and exit passes ``D`` ``[B]`` (A2, A8), the exit-pass states ``h_hat`` (A9; None
-    before pass 1) and the exit rule's memory ``carry``."""
+    ``[N, d]``, the active mask ``m`` and exit passes ``D`` ``[N]`` (A2, A8), the exit-pass states ``h_hat`` (A9; None
+    before pass 1) and the exit rule's memory ``carry``. ``N = B·T``: the step's T new tokens of every row, row by
+    row (T = 1 when decoding; a block of drafted tokens when verifying them)."""
 
     E: torch.Tensor
     active: torch.Tensor
@@ -92,21 +93,23 @@ class StepState:
 
     @classmethod
     def start(cls, model, ids: torch.Tensor) -> "StepState":
-        """Before pass 1: E⁰ = c·Ẽ[x] (A1), every row active."""
+        """Before pass 1: E⁰ = c·Ẽ[x] (A1) for ``ids`` ``[N]``, every token active."""
         E = first_input(model.gpt_neox.embed_in(ids), model.config.first_pass_scale)
         ones = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
         return cls(E, ones, ones.long())
 
 
 class StaticLayout:
-    """The static decode step's layout for the pass driver: one new token per row, every row through passes
-    ``first..last`` (fixed shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``,
-    on the device. After a pass below K the exit step and the feedback run, so that a later call can continue."""
+    """The static decode step's layout for the pass driver: T new tokens per row (at cache slots ``slot`` ``[T]``,
+    rotary positions ``position`` ``[B, T]``; ``ids`` ``[B·T]``), every token through passes ``first..last`` (fixed
+    shapes); the active mask, exit passes and exit-pass states are kept with ``torch.where``, on the device. After
+    a pass below K the exit step and the feedback run, so that a later call can continue."""
 
     def __init__(self, model, buffers: tuple[torch.Tensor, ...], attention_mask: torch.Tensor, ids: torch.Tensor,
                  slot: torch.Tensor, position: torch.Tensor, num_passes: int, state: StepState, first: int, last: int):
         self.model, self.mask, self.ids, self.K, self.last = model, attention_mask, ids, num_passes, last
-        self.rope = model.gpt_neox.rotary_emb(state.E[:, None], position[:, None])
+        self.grid = position.shape[0], slot.shape[0], state.E.shape[-1]  # B, T, d
+        self.rope = model.gpt_neox.rotary_emb(state.E.view(self.grid), position)
         self.static = StaticKV(buffers, model.config.num_passes, slot)
         self.state = state
         self.i, self.s, self.ending = first - 1, None, False
@@ -121,12 +124,13 @@ class StaticLayout:
         self.static.pass_idx = self.i
         self.static.active = st.active if self.i > 1 else None
         neox = self.model.gpt_neox
-        hidden = neox.emb_dropout(st.E[:, None])
+        hidden = neox.emb_dropout(st.E.view(self.grid))
         for layer in neox.layers:
             hidden = layer(hidden, attention_mask=self.mask, layer_past=self.static, position_embeddings=self.rope)
-        h = neox.final_layer_norm(hidden)[:, 0]
+        hidden = hidden.view(st.E.shape)
+        h = neox.final_layer_norm(hidden)
         st.h_hat = h if st.h_hat is None else torch.where(st.active[:, None], h, st.h_hat)  # A9
-        return h, hidden[:, 0]
+        return h, hidden
 
     def exit_view(self, h, needs):
         cfg, i, st = self.model.config, self.i, self.state
@@ -176,7 +180,8 @@ def decode_step(model, settings: RunSettings, buffers: tuple[torch.Tensor, ...],
     key_ok.index_fill_(1, slot, True)
     mask = key_ok[:, None, None, :]  # [B, 1, 1, capacity]: slots after this one are still False
     K = settings.num_passes(model.config.num_passes)
-    state = decode_passes(model, settings, buffers, mask, ids, slot, position, StepState.start(model, ids), 1, K)
+    state = decode_passes(model, settings, buffers, mask, ids, slot, position[:, None], StepState.start(model, ids), 1,
+                          K)
     return model.lm_head(state.h_hat), state.exit_pass
 
 
@@ -255,7 +260,7 @@ class StaticDecoder:
         K = settings.num_passes(model.config.num_passes)
         state = StepState.start(model, ids)
         for i in range(1, K + 1):
-            state = fn(model, settings, buffers, mask, ids, slot, position, state, i, i)
+            state = fn(model, settings, buffers, mask, ids, slot, position[:, None], state, i, i)
             if i < K and not bool(state.active.any()):  # every row has stopped: the later passes only carry K/V
                 carry_forward(kv, slot, i)
                 break
@@ -268,6 +273,27 @@ class StaticDecoder:
         shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
         return torch.zeros(shape, dtype=param.dtype, device=param.device if device is None else device)
 
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, need: int):
+        """The prompt through the eager cached forward into a new static cache of at least ``need`` positions
+        (rounded up to :data:`CAPACITY_STEP`, within the model's positions). Returns the cache, the mask of the
+        keys written (``[B, capacity]``), the forward's output (last position's logits) and each row's next rotary
+        position ``[B]``."""
+        model = self.model
+        batch, length = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
+        if capacity > model.config.max_position_embeddings:
+            capacity = max(need, model.config.max_position_embeddings)
+        kv = self.new_cache(batch, capacity, input_ids.device)
+        positions = generate_positions(attention_mask, 0, length)
+        out = model(input_ids, attention_mask=attention_mask, position_ids=positions,
+                    cache=PonderCache.with_buffers(kv), use_cache=True, logits_to_keep=1,
+                    settings=self.settings.replace(compile=False))
+        key_ok = torch.zeros(batch, capacity, dtype=torch.bool, device=input_ids.device)
+        key_ok[:, :length] = attention_mask.bool()
+        return kv, key_ok, out, positions[:, -1] + 1
+
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 20, eos_token_id: int | None = None, pad_token_id: int | None = None,
@@ -275,26 +301,13 @@ class StaticDecoder:
         """Greedy tokens as ``model.generate(do_sample=False)`` gives them: a row that emitted ``eos_token_id`` emits
         ``pad_token_id`` (default: the eos id) afterwards, and that is what it reads next. Every row runs
         ``max_new_tokens`` steps (fixed shapes: no early stop)."""
-        model, settings = self.model, self.settings
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         batch, length = input_ids.shape
         device = input_ids.device
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        need = length + max_new_tokens
-        capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
-        if capacity > model.config.max_position_embeddings:
-            capacity = max(need, model.config.max_position_embeddings)
-        kv = self.new_cache(batch, capacity, device)
-        positions = generate_positions(attention_mask, 0, length)
-        out = model(input_ids, attention_mask=attention_mask, position_ids=positions,
-                    cache=PonderCache.with_buffers(kv), use_cache=True, logits_to_keep=1,
-                    settings=settings.replace(compile=False))
-        key_ok = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
-        key_ok[:, :length] = attention_mask.bool()
+        kv, key_ok, out, position = self.prefill(input_ids, attention_mask, length + max_new_tokens)
         logits = out.logits[:, -1]
         tokens = torch.empty(batch, max_new_tokens, dtype=torch.long, device=device)
         exits = torch.empty_like(tokens)
@@ -311,7 +324,6 @@ class StaticDecoder:
 
         emit(0, logits, out.exit_pass[:, -1])
         slot = torch.tensor([length], device=device)
-        position = positions[:, -1] + 1
         buffers = pass_buffers(kv)
         chooser = (WayChooser(("pass-by-pass", "whole-step"), PROBE_EVERY, device)
                    if self.per_pass is None and device.type == "cpu" else None)

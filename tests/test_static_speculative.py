@@ -1,0 +1,129 @@
+"""Self-speculative decoding on the static cache (adaponder.modeling.static_speculative): the eager draft and verify
+steps give generate()'s greedy tokens in every looped mode, with halting, left padding and batch 3; compiled, the
+same tokens from one graph per draft step and one per verification, compiled once; neither step reads the host."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+from adaponder.modeling.run_settings import RunSettings
+from adaponder.modeling.speculative import SpeculativeConfig
+from adaponder.modeling.static_decoding import StaticDecoder, pass_buffers
+from adaponder.modeling.static_speculative import StaticSpeculativeDecoder, draft_step, verify_step
+
+SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
+             max_position_embeddings=256)
+TAU = RunSettings(tau=0.5)
+
+
+def _model(mode: str) -> AdaPonderForCausalLM:
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(AdaPonderConfig(mode=mode, **SHAPE)).eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():  # gates whose values spread around τ = 0.5: tokens exit at every pass
+        for gate in model.gates:
+            gate.fc_out.weight.normal_(0, 2.0)
+            gate.fc_out.bias.zero_()
+    return model
+
+
+def _prompts():
+    ids = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    mask[2, :1] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("mode", ["ponderlm", "loop", "adaponder"])
+@pytest.mark.parametrize("draft_passes,draft_tokens", [(1, 4), (2, 3), (1, 1)])
+def test_the_eager_static_draft_and_verify_decode_as_generate(mode, draft_passes, draft_tokens):
+    model = _model(mode)
+    ids, mask = _prompts()
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, settings=TAU)
+    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(draft_passes, draft_tokens), TAU)
+    out = decoder.generate(ids, mask, 14)
+    assert torch.equal(out, ref)
+    stats = decoder.stats
+    assert stats.cycles > 0 and stats.accepted <= stats.drafted
+    if (draft_passes, draft_tokens) == (1, 4):  # a random model's pass 1 is a poor draft: some cycles cut short
+        assert 0 < stats.accepted < stats.drafted
+
+
+def test_the_compiled_draft_and_verify_decode_as_the_eager_ones_and_compile_once():
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = _model("adaponder")
+    ids, mask = _prompts()
+    config = SpeculativeConfig(1, 4)
+    eager = StaticSpeculativeDecoder(model, config, TAU).generate(ids, mask, 40)
+    # the one switch: generate(speculative=...) with RunSettings(compile=True)
+    compiled = model.generate(ids, attention_mask=mask, max_new_tokens=40, speculative=config,
+                              settings=TAU.replace(compile=True))
+    assert torch.equal(compiled, eager)
+    assert model.speculative_stats.cycles >= 10
+    graphs = counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= 2  # one draft graph and one verification graph, whatever the halting and acceptance
+    other = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(7))
+    again = model.generate(other, attention_mask=mask, max_new_tokens=40, speculative=config,
+                           settings=TAU.replace(compile=True))
+    assert counters["stats"]["unique_graphs"] == graphs  # other tokens, other exits: nothing new to compile
+    with torch.no_grad():
+        assert torch.equal(again, model.generate(other, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                                                 settings=TAU))
+
+
+def test_draft_and_verify_steps_read_nothing_back_to_the_host(monkeypatch):
+    model = _model("adaponder")
+    ids, mask = _prompts()
+    kv = StaticDecoder(model, TAU).new_cache(3, 128)
+    key_ok = torch.zeros(3, 128, dtype=torch.bool)
+    key_ok[:, :9] = mask.bool()
+    buffers = pass_buffers(kv)
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _f=original, **k: (reads.append(_n),
+                                                                                                 _f(self, *a, **k))[1])
+    with torch.no_grad():
+        token, *state = draft_step(model, TAU, buffers, key_ok, ids[:, -1], torch.tensor([9]), torch.full((3,), 9), 1)
+        block = torch.stack([ids[:, -1], token], 1)
+        token2, *state2 = draft_step(model, TAU, buffers, key_ok, token, torch.tensor([10]), torch.full((3,), 10), 1)
+        flat = [torch.stack([a, b], 1).flatten(0, 1) for a, b in zip(state, state2)]
+        targets, exits = verify_step(model, TAU, buffers, key_ok, block, torch.tensor([9, 10]),
+                                     torch.tensor([[9, 10]] * 3), *flat, 1)
+    monkeypatch.undo()
+    assert reads == []
+    assert targets.shape == (3, 2) and exits.shape == (3, 2) and isinstance(state[0], torch.Tensor)
+
+
+class StopAfterPassOne:
+    needs = frozenset()
+    carries = False
+
+    def stops(self, view):
+        return torch.ones_like(view.active)
+
+
+def test_compiled_adaptive_speculation_never_drafts_where_tokens_exit_after_the_draft_passes():
+    model = _model("ponderlm")
+    ids, mask = _prompts()
+    settings = RunSettings(exit_rule=StopAfterPassOne())
+    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 4, adaptive=True), settings)
+    out = decoder.generate(ids, mask, 12)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, settings=settings)
+    assert torch.equal(out, ref)
+    assert decoder.stats.cycles == 0 and decoder.stats.plain_steps == 11
+
+
+def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():
+    model = _model("adaponder")
+    ids, _ = _prompts()
+    with pytest.raises(TypeError, match="compiled self-speculative decoding .* is greedy"):
+        model.generate(ids, max_new_tokens=4, do_sample=True, speculative=SpeculativeConfig(1, 2),
+                       settings=TAU.replace(compile=True))
