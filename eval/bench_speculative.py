@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config  # noqa: E402
+from adaponder.modeling.run_settings import RunSettings  # noqa: E402
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -141,6 +142,10 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
     configs = [SpeculativeConfig(args.draft_passes, g) for g in args.gammas]
     if args.adaptive:  # γ from 2, adapted up to the largest of --gammas
         configs.append(SpeculativeConfig(args.draft_passes, 2, adaptive=True, max_draft_tokens=max(args.gammas)))
+    compiled = RunSettings(compile=True)
+    if args.compiled:  # ordinary decoding on the compiled static step (the first call compiles, untimed)
+        model.generate(prompt, max_new_tokens=new, settings=compiled)
+        t_cord, cref = timed(lambda: model.generate(prompt, max_new_tokens=new, settings=compiled), args.repeats)
     for cfg in configs:
         gamma = f"a{cfg.max_draft_tokens}" if cfg.adaptive else cfg.draft_tokens
         decoder = SelfSpeculativeDecoder(model, cfg)
@@ -158,6 +163,16 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
                          bytes_per_token_ordinary=ord_b, bytes_per_token_speculative=spec_b,
                          bandwidth_speedup=ord_b / spec_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill,
                          plain_steps=st.plain_steps))
+        if args.compiled:  # the same speculation with compiled draft and verify steps (γ fixed when compiled)
+            run = lambda: model.generate(prompt, max_new_tokens=new, speculative=cfg, settings=compiled)  # noqa: E731
+            t0 = time.perf_counter()
+            run()
+            compile_s = time.perf_counter() - t0
+            t_cspec, cout = timed(run, args.repeats)
+            rows[-1].update(compiled_ordinary_tok_s=tokens / t_cord, compiled_speculative_tok_s=tokens / t_cspec,
+                            compiled_speedup=t_cord / t_cspec, compiled_over_eager_ordinary=t_ord / t_cspec,
+                            compiled_same=bool(torch.equal(cout, ref) and torch.equal(cref, ref)),
+                            compiled_first_call_s=compile_s, compiled_plain_steps=model.speculative_stats.plain_steps)
         print_row(rows[-1])
     return rows
 
@@ -170,7 +185,11 @@ def print_row(r: dict) -> None:
     print(f"{r['model'][-34:]:<34} {r['dtype']:>5} {r['batch']:>3} {r['gamma']:>2} {r['ordinary_tok_s']:>9.1f} "
           f"{r['speculative_tok_s']:>10.1f} {r['speedup']:>6.2f} {'yes' if r['same_tokens'] else 'NO':>4} "
           f"{r['acceptance']:>6.3f} {r['tokens_per_cycle']:>7.2f} {r['mean_exit']:>5.2f} "
-          f"{r['bandwidth_speedup']:>6.2f} {r['plain_steps']:>5}", flush=True)
+          f"{r['bandwidth_speedup']:>6.2f} {r['plain_steps']:>5}" + (
+              f" | compiled: ord {r['compiled_ordinary_tok_s']:.1f} spec {r['compiled_speculative_tok_s']:.1f} tok/s "
+              f"× {r['compiled_speedup']:.2f} (over eager ordinary × {r['compiled_over_eager_ordinary']:.2f}) "
+              f"same {'yes' if r['compiled_same'] else 'NO'} plain {r['compiled_plain_steps']}"
+              if "compiled_speedup" in r else ""), flush=True)
 
 
 def main(argv=None):
@@ -189,6 +208,9 @@ def main(argv=None):
     ap.add_argument("--adaptive", action="store_true", help="also a row with γ adapted to the acceptance (aN: up to N)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also compiled: ordinary decoding on the compiled static step against speculation with "
+                         "compiled draft and verify steps (RunSettings(compile=True))")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
