@@ -189,6 +189,7 @@ class SelfSpeculativeDecoder:
             raise ValueError(f"prompt length {length} + max_new_tokens {max_new_tokens} exceeds the model's "
                              f"max_position_embeddings ({limit})")
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
+        self._padded = attention_mask is not None and not bool(mask.all())
         self._choose = (lambda logp: self._sample(logp, generator)) if do_sample else (lambda logp: logp.argmax(-1))
         self._warp = (lambda z: warp(z, temperature, top_k, top_p)) if do_sample else (lambda z: z.float())
         self.do_sample, self.generator = do_sample, generator
@@ -230,10 +231,13 @@ class SelfSpeculativeDecoder:
         """Ordinary decoding of one token: every row's ``pending`` token through the passes (the cached forward);
         returns the next pending token, ``[B, 1]`` — what a cycle of one verified token returns, without a draft."""
         model = self.model
-        n = cache.pass_layer(self.settings.num_passes(model.config.num_passes), 0).get_seq_length()
-        step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(pending[:, None], attention_mask=step_mask, position_ids=generate_positions(step_mask, n, 1),
-                    cache=cache, use_cache=True, settings=self.settings)
+        if self._padded:
+            n = cache.pass_layer(self.settings.num_passes(model.config.num_passes), 0).get_seq_length()
+            step_mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            out = model(pending[:, None], attention_mask=step_mask, position_ids=generate_positions(step_mask, n, 1),
+                        cache=cache, use_cache=True, settings=self.settings)
+        else:  # no padding: positions follow the cache, and attention needs no mask (the plain cached forward)
+            out = model(pending[:, None], cache=cache, use_cache=True, settings=self.settings)
         self.stats.plain_steps += 1
         if out.exit_pass is not None:
             self._depth.note(out.exit_pass)
