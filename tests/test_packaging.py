@@ -144,7 +144,7 @@ def test_wheel_ships_resources_and_is_what_runs(installed):
 
 def test_every_console_script_answers_help_outside_the_repository(installed):
     scripts = console_scripts()
-    assert len(scripts) == 14 and all((installed["venv"] / "bin" / s).is_file() for s in scripts), scripts
+    assert len(scripts) == 15 and "adaponder" in scripts and all((installed["venv"] / "bin" / s).is_file() for s in scripts), scripts
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(scripts, pool.map(lambda s: _run(installed, s, "--help", timeout=300), scripts)))
     failed = {s: out[-1500:] for s, (code, out) in results.items() if code != 0 or "usage:" not in out}

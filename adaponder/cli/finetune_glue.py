@@ -42,7 +42,10 @@ from adaponder.resources import find_config, repo_root
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="configs/glue/<task>.yaml (a file, or a shipped preset's name)")
+    ap.add_argument("--config", required=True,
+                    help="a file, or a shipped preset's name: a task (rte, sst2, ...) or base (the recipe; with --task)")
+    ap.add_argument("--task", default=None, metavar="NAME",
+                    help="the GLUE task (sets 'task', e.g. --config base --task sst2; a task preset names its own)")
     ap.add_argument("--init", default=None,
                     help="checkpoint folder (AdaPonder or GPT-NeoX HF format), hub id (org/name) or 'tiny-random'; "
                          "default: the config's 'init'")
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     from adaponder.train.stopping import TrainingStopped
 
     # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.
-    overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
+    overrides = ([f"task={json.dumps(args.task)}"] if args.task else []) + args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
     if args.timing_budget is not None:
         overrides.append(f"timing.budget_seconds={args.timing_budget!r}")
     cfg = load_finetune_config(find_config(args.config, "glue"), overrides)
