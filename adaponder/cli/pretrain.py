@@ -15,6 +15,11 @@
 ``--config`` is a file, or the name of a preset shipped with adaponder (``configs/tiny.yaml``, ``tiny``) when no
 such file exists here.
 
+Checked before DeepSpeed starts (one ``error:`` line within seconds): the whole configuration, the hardware it
+declares (``hardware.requires: gpu``: the Pythia presets, sized for 8 GPUs), the data and every path. A
+``data.path`` given with ``--set`` must hold prepared data: the config's ``data.prepare`` prepares only the
+config's own ``data.path`` (add ``--set data.prepare=...`` to prepare another).
+
 Exit codes: 0 done; 2 configuration/data/checkpoint error (one ``error:`` line, nothing written; ``--debug`` for
 the traceback); 3 stopped after too many non-finite steps; 128+signal after SIGTERM/SIGINT (a checkpoint was
 written first).
@@ -43,8 +48,12 @@ def main(argv=None) -> int:
 
     # torch, transformers and DeepSpeed take seconds to import: --help and a bad argument answer before they load
     from adaponder.train.config import load_config
+    from adaponder.train.preflight import preflight
 
     cfg = load_config(find_config(args.config), args.overrides)  # a TrainConfigError is one line, exit 2 (cli_main)
+    # hardware, data and paths, before DeepSpeed loads or a process group starts: a run that cannot succeed stops
+    # in seconds (a data path given on the command line is never prepared unless data.prepare is given too)
+    preflight(cfg, args.overrides, args.resume)
     from adaponder.train.trainer import run  # (lazy, as above)
 
     return run(cfg, args.resume)
