@@ -64,7 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "none) or from a checkpoint folder; without it a run refuses a folder holding checkpoints")
     ap.add_argument("--timing-budget", type=float, default=None, metavar="SECONDS",
                     help="time budget of the timing phase (sets timing.budget_seconds; default 60 s, 'null' via --set "
-                         "for none): fewer rounds and examples are timed when it runs out")
+                         "for none): fewer rounds and examples are timed as it runs out, and timing stops when it is "
+                         "spent (what was measured is reported)")
     add_debug_help(ap)
     ap.add_argument("--deepspeed", action="store_true",
                     help="accepted for the deepspeed launcher's convention; training always runs on a DeepSpeed engine")
