@@ -2,18 +2,20 @@
 
 One process (a 1-rank DeepSpeed group, like pretraining)::
 
-    python launch/finetune_glue.py --config configs/glue/sst2.yaml --init runs/demo/hf --output runs/glue/sst2
-    adaponder-finetune-glue --config configs/glue/sst2.yaml --init EleutherAI/pythia-160m --init-revision step143000
+    adaponder finetune --config sst2 --init runs/demo/hf --output runs/glue/sst2
+    adaponder finetune --config sst2 --init EleutherAI/pythia-160m --init-revision step143000
+    adaponder finetune --config base --task rte --init CKPT          # the one recipe, the task as a setting
 
 Data parallel over N ranks (ZeRO stage from the config's ``deepspeed`` section, e.g. ``--set deepspeed.zero_stage=3``)::
 
-    deepspeed --num_gpus 2 launch/finetune_glue.py --config configs/glue/rte.yaml --init CKPT --deepspeed
+    deepspeed --num_gpus 2 launch/finetune_glue.py --config rte --init CKPT --deepspeed
 
 ``--init`` is a local Hugging Face checkpoint folder (AdaPonder or GPT-NeoX/Pythia), a hub id (with
 ``--init-revision``, resolved through the Hugging Face cache; offline only the cache is read) or ``tiny-random``
 (the ``tiny`` preset, randomly initialised; for smoke runs). GLUE comes from the TSV folder (``--data-dir``, else
 ``$ADAPONDER_GLUE_DIR``) or through Hugging Face ``datasets`` (``--hf-dataset nyu-mll/glue`` or a ``save_to_disk``
-folder); the examples are the same. ``--config`` is a file, or a shipped preset's name (``configs/glue/sst2.yaml``).
+folder); the examples are the same. ``--config`` is a file, or a shipped preset's name: a task (``sst2``: the
+recipe ``configs/glue/base.yaml`` with ``task: sst2``) or ``base`` with ``--task NAME``.
 ``--set section.key=value`` overrides any config value (e.g. ``--set train.max_examples=64``).
 
 Checkpoints (``<output>/checkpoints``) are written after every dev evaluation and on SIGTERM/SIGINT;

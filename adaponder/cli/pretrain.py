@@ -1,12 +1,11 @@
 #!/usr/bin/env python
 """Pretrain AdaPonderLM (or a baseline) with DeepSpeed.
 
-    deepspeed launch/pretrain.py --config configs/pythia410m.yaml                 # all local GPUs
-    deepspeed --hostfile hosts launch/pretrain.py --config configs/pythia1b.yaml  # multi-node
-    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 launch/pretrain.py --config configs/tiny.yaml
-    python launch/pretrain.py --config configs/tiny.yaml --set train.steps=50     # one process, no launcher
-    adaponder-pretrain --config configs/tiny.yaml                                 # installed: any folder
-    deepspeed --module adaponder.cli.pretrain --config configs/pythia410m.yaml    # installed, with the launcher
+    adaponder pretrain --config tiny --set train.steps=50                  # one process, any folder
+    deepspeed launch/pretrain.py --config pythia410m                       # all local GPUs (a checkout)
+    deepspeed --hostfile hosts launch/pretrain.py --config pythia1b        # multi-node
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 launch/pretrain.py --config tiny
+    deepspeed --module adaponder.cli.pretrain --config pythia410m          # installed, with the launcher
 
     --set key.path=value   override any config value (repeatable), e.g. --set optim.lr=3e-4
     --resume auto|PATH     auto: continue from the newest checkpoint of the run (fresh start if none);
