@@ -60,6 +60,9 @@ def test_preparation_happens_only_where_it_was_asked_for(tmp_path, monkeypatch):
     preflight(load_config(tiny))  # the preset's own folder: its data.prepare prepares it on first use
     asked = ["data.path=elsewhere", "data.prepare=[bundled]"]
     preflight(load_config(tiny, asked), asked)  # a folder given on the command line, with its preparation
+    unprepared = ["data.prepare=null"]  # the preset's folder, not there, and nothing to prepare it from
+    with pytest.raises(TrainConfigError, match=r"data.path: data/bundled does not exist; prepare it first"):
+        preflight(load_config(tiny, unprepared), unprepared)
     missing = ["data.path=elsewhere", "data.prepare=[no/such/books]"]
     with pytest.raises(TrainConfigError, match=r"data.prepare: no/such/books not found"):
         preflight(load_config(tiny, missing), missing)
