@@ -9,6 +9,7 @@ In a source checkout (or an editable install) they are the repository's ``eval/t
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -61,4 +62,21 @@ def find_config(path: str | os.PathLike[str], family: str | None = None) -> Path
     return p
 
 
-__all__ = ["RESOURCES", "repo_root", "resource_dir", "task_dir", "configs_dir", "find_config"]
+def module_command(module: str, argv: list[str]) -> list[str]:
+    """``python -m <module> ARGV`` with this interpreter: how one command starts another (the study its training
+    runs) through the package, never through a path into a checkout, so it works from a wheel as from a clone."""
+    return [sys.executable, "-m", module, *argv]
+
+
+def package_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with the folder holding this ``adaponder`` first on ``PYTHONPATH``, so a
+    child started by :func:`module_command` imports the same copy of the package as its parent, whatever its
+    working folder and whichever other copy (an editable install elsewhere) the interpreter would find."""
+    env = dict(os.environ if env is None else env)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(_PACKAGE.parent) + (os.pathsep + rest if rest else "")
+    return env
+
+
+__all__ = ["RESOURCES", "repo_root", "resource_dir", "task_dir", "configs_dir", "find_config", "module_command",
+           "package_env"]

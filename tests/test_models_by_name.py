@@ -43,7 +43,8 @@ def _continue(setup, out, *sets, env=None):
                "data.val_path=null", "data.val_split=val", "train.tokens=null", "train.steps=2", "train.micro_batch=2",
                "train.global_batch=2", "init.gates_only_tokens=64", "deepspeed.precision=fp32", "eval.max_batches=1",
                "eval.micro_batch=2", "eval.report=false", "logging.wandb=false", "logging.every=1",
-               "logging.progress_bar=false", "checkpoint.export_hf=false", "train.threads=1", f"train.out_dir={out}"):
+               "logging.progress_bar=false", "checkpoint.export_hf=false", "train.threads=1", f"train.out_dir={out}",
+               "hardware.requires=any"):  # the preset is sized for GPUs; this test runs it tiny on a CPU
         args += ["--set", kv]
     proc = subprocess.run(args, cwd=str(setup["root"]), env=cpu_env(HF_HUB_CACHE=str(setup["cache"]), **(env or {})),
                           capture_output=True, text=True, timeout=300)

@@ -10,8 +10,11 @@ there; the repository is a copy). It runs offline, so four lines are substituted
   the environment imports is the version the line pins;
 * ``pip install dist/adaponder-*.whl ...`` gets ``--no-deps --no-index`` (the dependencies come through the
   ``.pth``; the wheel itself is installed for real, non-editable);
-* ``adaponder-pretrain ...`` gets ``--set`` overrides after the README's for a 2-step run of short sequences, and
-  ``adaponder-eval ...`` is skipped when the offline evaluation data are missing.
+* ``adaponder pretrain ...`` gets ``--set`` overrides after the README's for a 2-step run of short sequences, and
+  ``adaponder eval ...`` is skipped when the offline evaluation data are missing.
+
+``adaponder --help`` and ``adaponder study --config reasoning --profile quick`` run as written: the study finds its
+config by name in the wheel and trains each arm through the package (``python -m adaponder.cli.pretrain``).
 
 ``python3`` on the ``PATH`` is this interpreter. Afterwards every console script of ``pyproject.toml``'s
 ``[project.scripts]`` answers ``--help`` with exit code 0 from the folder outside the repository.
@@ -66,10 +69,12 @@ def offline_line(line: str, have_eval_data: bool) -> str:
                 f"'_adaponder_test_deps.pth').write_text('{deps}\\n')\"")
     if re.search(r"bin/pip install dist/adaponder-", line):
         return line + " --no-deps --no-index"
-    if words[0] == "adaponder-pretrain":
+    if words[:2] == ["adaponder", "pretrain"]:
         return line + "".join(f" --set {s}" for s in FAST_PRETRAIN)
-    if words[0] == "adaponder-eval" and not have_eval_data:
-        return "echo 'skipped: adaponder-eval (no offline evaluation data)'"
+    if words[:2] == ["adaponder", "eval"] and not have_eval_data:
+        return "echo 'skipped: adaponder eval (no offline evaluation data)'"
+    if words[:2] == ["adaponder", "study"]:  # its training children inherit one thread (OMP_NUM_THREADS)
+        return line
     return line
 
 
@@ -117,6 +122,11 @@ def test_readme_wheel_section_runs_as_written(installed):
     out, work = installed["out"], installed["work"]
     assert (work / "data" / "bundled" / "meta.json").is_file()
     assert (work / "runs" / "tiny" / "hf" / "config.json").is_file() and "MFU peak:" in out
+    assert "usage: adaponder COMMAND" in out and "  study " in out  # adaponder --help
+    # the study from the wheel: config by name, every arm trained through the package, the report written
+    report = work / "runs" / "study-reasoning-quick" / "study.md"
+    assert report.is_file() and "adaponder.cli.pretrain --config" in out, out[-3000:]
+    assert "site-packages/launch" not in out and "can't open file" not in out
     if installed["have_eval"]:
         assert "adaponder_piqa" in out and "[adaponder] realised compute" in out
     pinned = next(re.search(r"torch==(\S+)", ln).group(1) for ln in installed["lines"] if "install torch==" in ln)
@@ -144,7 +154,7 @@ def test_wheel_ships_resources_and_is_what_runs(installed):
 
 def test_every_console_script_answers_help_outside_the_repository(installed):
     scripts = console_scripts()
-    assert len(scripts) == 14 and all((installed["venv"] / "bin" / s).is_file() for s in scripts), scripts
+    assert len(scripts) == 15 and "adaponder" in scripts and all((installed["venv"] / "bin" / s).is_file() for s in scripts), scripts
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(scripts, pool.map(lambda s: _run(installed, s, "--help", timeout=300), scripts)))
     failed = {s: out[-1500:] for s, (code, out) in results.items() if code != 0 or "usage:" not in out}
@@ -152,7 +162,11 @@ def test_every_console_script_answers_help_outside_the_repository(installed):
     assert "CHECKPOINT" in results["adaponder-eval"][1]  # adaponder-eval's own help, not only lm-eval's
 
 
-def test_readme_lists_every_console_script():
+def test_readme_lists_every_command():
+    from adaponder.cli.main import COMMANDS
+
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    listed = set(re.findall(r"^\| `(adaponder-[a-z-]+)` \|", readme, flags=re.M))
-    assert listed == set(console_scripts())
+    listed = set(re.findall(r"^\| `adaponder ([a-z-]+)` \|", readme, flags=re.M))
+    assert listed == {c.name for c in COMMANDS}
+    # one form for every command: no console-script alias or launch/ shim run by python
+    assert not re.search(r"^(adaponder-[a-z-]+|python launch/)", readme, flags=re.M)

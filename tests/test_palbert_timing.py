@@ -76,11 +76,29 @@ def test_the_budget_is_respected():
     assert 0 < out["examples_timed"]["batch_1"] < 64 and 0 < out["examples_timed"]["batch_8"] < 64
     assert out["batch_8"]["q"]["measured_speedup"] == pytest.approx(2.0)
 
-    # a budget shorter than one round: one batch, one timed round, still a result
+    # the whole budget is a hard limit: past it, timing stops after the call under way
+    assert out["seconds"] <= budget + 8 * PASSES * PASS_COST and out["not_timed"] == []
+
+    # a budget shorter than one round: nothing is timed past it, and the result says what was not timed
     clock = FakeClock()
-    tiny = _time(FakeClassifier(clock), clock, budget_seconds=0.01)
-    assert tiny["examples_timed"] == {"batch_1": 1, "batch_8": 8} and tiny["rounds"] == {"batch_1": 1, "batch_8": 1}
-    assert tiny["seconds"] == pytest.approx(2 * (1 + 8) * 6 * PASS_COST)  # warm-up + 1 round of one batch each
+    tiny = _time(FakeClassifier(clock), clock, budget_seconds=0.05)
+    assert tiny["examples_timed"] == {} and tiny["not_timed"] == [1, 8] and "batch_1" not in tiny
+    assert tiny["seconds"] <= 0.05 + PASSES * PASS_COST  # (one call of one example past the budget at most)
+
+    # a budget that covers batch size 1 only: its figures, and batch size 8 listed as not timed
+    clock = FakeClock()
+    part = _time(FakeClassifier(clock), clock, budget_seconds=0.5)
+    assert part["examples_timed"]["batch_1"] > 0 and part["not_timed"] == [8]
+    assert part["batch_1"]["q"]["measured_speedup"] == pytest.approx(2.0)
+    assert part["seconds"] <= 0.5 + 8 * PASSES * PASS_COST
+    results = {"task": "rte", "method": "palbert", "num_passes": PASSES, "core_mode": "ponderlm", "seed": 0,
+               "data": {"dev_examples": 64, "train_examples": 8}, "train": {"best_step": 1, "steps": 1},
+               "main_metric": "accuracy", "select_rule": "q", "q": 0.5, "patience": 2, "phases": [],
+               "dev": {"rules": {r: {"metrics": {"accuracy": 0.5}, "mean_exit_pass": 2.0, "speedup": 2.0}
+                                 for r in ("q", "last")}},
+               "timing": {**part, "threads": 1}}
+    line = next(ln for ln in results_markdown(results).splitlines() if ln.startswith("timing ("))
+    assert "of a 0.5 s budget" in line and "not timed: @8 (the budget was spent before a whole round)" in line
 
 
 def test_the_spread_over_rounds_is_reported():

@@ -63,7 +63,7 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     for arm in ARMS:
         assert f"| {arm} | 1234 |" in report
     # a smoke run of the pipeline: titled as such, and it judges none of the paper's claims
-    assert report.startswith("# Pipeline check (quick profile) — not a result") and "python launch/study.py" in report
+    assert report.startswith("# Pipeline check (quick profile) — not a result") and "adaponder study --config" in report
     assert "The paper's claims at this scale" not in report and "**holds**" not in report
     assert 0 <= results["adaponder-warm-s1234"]["greedy_changed_by_later_passes"] <= 1
     assert "vanilla-s1234" not in report.split("change the greedy token")[1].split("\n")[0]  # pondering arms only

@@ -2,18 +2,20 @@
 
 One process (a 1-rank DeepSpeed group, like pretraining)::
 
-    python launch/finetune_glue.py --config configs/glue/sst2.yaml --init runs/demo/hf --output runs/glue/sst2
-    adaponder-finetune-glue --config configs/glue/sst2.yaml --init EleutherAI/pythia-160m --init-revision step143000
+    adaponder finetune --config sst2 --init runs/demo/hf --output runs/glue/sst2
+    adaponder finetune --config sst2 --init EleutherAI/pythia-160m --init-revision step143000
+    adaponder finetune --config base --task rte --init CKPT          # the one recipe, the task as a setting
 
 Data parallel over N ranks (ZeRO stage from the config's ``deepspeed`` section, e.g. ``--set deepspeed.zero_stage=3``)::
 
-    deepspeed --num_gpus 2 launch/finetune_glue.py --config configs/glue/rte.yaml --init CKPT --deepspeed
+    deepspeed --num_gpus 2 launch/finetune_glue.py --config rte --init CKPT --deepspeed
 
 ``--init`` is a local Hugging Face checkpoint folder (AdaPonder or GPT-NeoX/Pythia), a hub id (with
 ``--init-revision``, resolved through the Hugging Face cache; offline only the cache is read) or ``tiny-random``
 (the ``tiny`` preset, randomly initialised; for smoke runs). GLUE comes from the TSV folder (``--data-dir``, else
 ``$ADAPONDER_GLUE_DIR``) or through Hugging Face ``datasets`` (``--hf-dataset nyu-mll/glue`` or a ``save_to_disk``
-folder); the examples are the same. ``--config`` is a file, or a shipped preset's name (``configs/glue/sst2.yaml``).
+folder); the examples are the same. ``--config`` is a file, or a shipped preset's name: a task (``sst2``: the
+recipe ``configs/glue/base.yaml`` with ``task: sst2``) or ``base`` with ``--task NAME``.
 ``--set section.key=value`` overrides any config value (e.g. ``--set train.max_examples=64``).
 
 Checkpoints (``<output>/checkpoints``) are written after every dev evaluation and on SIGTERM/SIGINT;
@@ -42,7 +44,10 @@ from adaponder.resources import find_config, repo_root
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="configs/glue/<task>.yaml (a file, or a shipped preset's name)")
+    ap.add_argument("--config", required=True,
+                    help="a file, or a shipped preset's name: a task (rte, sst2, ...) or base (the recipe; with --task)")
+    ap.add_argument("--task", default=None, metavar="NAME",
+                    help="the GLUE task (sets 'task', e.g. --config base --task sst2; a task preset names its own)")
     ap.add_argument("--init", default=None,
                     help="checkpoint folder (AdaPonder or GPT-NeoX HF format), hub id (org/name) or 'tiny-random'; "
                          "default: the config's 'init'")
@@ -61,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "none) or from a checkpoint folder; without it a run refuses a folder holding checkpoints")
     ap.add_argument("--timing-budget", type=float, default=None, metavar="SECONDS",
                     help="time budget of the timing phase (sets timing.budget_seconds; default 60 s, 'null' via --set "
-                         "for none): fewer rounds and examples are timed when it runs out")
+                         "for none): fewer rounds and examples are timed as it runs out, and timing stops when it is "
+                         "spent (what was measured is reported)")
     add_debug_help(ap)
     ap.add_argument("--deepspeed", action="store_true",
                     help="accepted for the deepspeed launcher's convention; training always runs on a DeepSpeed engine")
@@ -87,7 +93,7 @@ def main(argv=None) -> int:
     from adaponder.train.stopping import TrainingStopped
 
     # A JSON string is a YAML string: any id or path survives --set's YAML parsing unchanged.
-    overrides = args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
+    overrides = ([f"task={json.dumps(args.task)}"] if args.task else []) + args.overrides + ([f"data.hf_dataset={json.dumps(args.hf_dataset)}"] if args.hf_dataset else [])
     if args.timing_budget is not None:
         overrides.append(f"timing.budget_seconds={args.timing_budget!r}")
     cfg = load_finetune_config(find_config(args.config, "glue"), overrides)

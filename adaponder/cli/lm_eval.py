@@ -142,6 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.argv = saved
     check_task_names(getattr(parsed, "tasks", None), getattr(parsed, "include_path", None))
+    if not in_git_work_tree(Path.cwd()):
+        # lm-eval runs `git describe` in the working folder for its results' git_hash, and git's complaint reaches
+        # the console; said once here so that it is not taken for a failure
+        print("note: lm-eval records the git commit of the working folder; outside a git repository git prints "
+              "'fatal: not a git repository' below, which is harmless", file=sys.stderr, flush=True)
     parser.execute(parsed)
     for lm in AdaPonderLM.instances:
         print(lm.settings.banner())
@@ -149,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in lm.summary_lines():
             print(f"  {line}")
     return _nonfinite_exit(AdaPonderLM.instances)
+
+
+def in_git_work_tree(folder: Path) -> bool:
+    """Whether ``folder`` or a folder above it holds ``.git`` (where ``git describe`` has a repository)."""
+    return any((p / ".git").exists() for p in (folder.resolve(), *folder.resolve().parents))
 
 
 def check_task_names(tasks, include_path) -> None:

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from adaponder.cli.errors import report
 from adaponder.resources import find_config
 from adaponder.train import plan
 from adaponder.train.config import TrainConfigError, load_config
@@ -34,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         p = make_plan(cfg, args.gpus, DEVICES[args.gpu], mfu=args.mfu, memory_gib=args.gpu_mem_gb,
                       peak_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else None, reserve_gib=args.reserve_gb)
     except TrainConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)  # one line, exit code 2
     print(json.dumps(plan_dict(p), indent=2) if args.json else format_plan(p))
     return 0
 

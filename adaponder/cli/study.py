@@ -2,10 +2,15 @@
 settings; key arms with a second seed) on the same data and budget, evaluate each on the same held-out split,
 and write the report (docs/study.md + PNGs).
 
-    python launch/study.py --config configs/study/cpu.yaml --corpus ../shared/data/corpus/gutenberg
-    python launch/study.py --config configs/study/cpu.yaml --profile quick        # bundled corpus, minutes
-    python launch/study.py --config configs/study/cpu.yaml --report-only          # tables/plots from stored results
-    python launch/study.py --config configs/study/cpu.yaml --report-only --refresh-training  # curves re-read from runs/
+    adaponder study --config cpu --corpus PATH/TO/BOOKS           # a text corpus: files, folders, globs
+    adaponder study --config cpu --profile quick                  # bundled corpus, minutes
+    adaponder study --config reasoning --profile quick            # the multi-hop task, minutes
+    adaponder study --config cpu --report-only                    # tables/plots from stored results
+    adaponder study --config cpu --report-only --refresh-training # curves re-read from runs/
+
+``--config`` is a file, or the name of a study shipped with adaponder (``cpu``, ``reasoning``; also
+``study/reasoning.yaml``, ``configs/study/reasoning.yaml``), from a checkout or an installed wheel alike. Each arm
+trains in a ``python -m adaponder.cli.pretrain`` child process.
 
 Resumable: every finished arm is stored as one JSON in the results folder and never retrained; an interrupted
 arm continues from its last checkpoint (--resume auto). Exit codes: 0 done, 2 configuration error, 1 a run failed.
@@ -18,13 +23,14 @@ import os
 import shlex
 import sys
 
-from adaponder.cli.errors import cli_main
+from adaponder.cli.errors import cli_main, report
+from adaponder.resources import find_config
 
 
 @cli_main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="study YAML (configs/study/*.yaml)")
+    p.add_argument("--config", required=True, help="study YAML: a file, or a shipped study's name (cpu, reasoning)")
     p.add_argument("--profile", default=None, help="a profile of the config (e.g. quick)")
     p.add_argument("--corpus", nargs="+", default=None, metavar="PATH",
                    help="raw text inputs (files/folders/globs; 'bundled' = the shipped corpus); default: the config's")
@@ -45,13 +51,12 @@ def main(argv=None) -> int:
     from adaponder.study import StudyConfigError, load_study_config, run_study
 
     try:
-        cfg = load_study_config(args.config, args.profile, args.corpus, args.overrides)
+        cfg = load_study_config(find_config(args.config, "study"), args.profile, args.corpus, args.overrides)
     except StudyConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)  # one line, exit code 2
     flags = ("--report-only", "--refresh-training")
     shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in flags]
-    command = "python launch/study.py " + " ".join(shlex.quote(a) for a in shown)
+    command = "adaponder study " + " ".join(shlex.quote(a) for a in shown)
     try:
         run_study(cfg, command, only_report=args.report_only, refresh=args.refresh_training,
                   train_only=args.train_only)

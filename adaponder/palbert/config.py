@@ -294,14 +294,41 @@ def parse_overrides(pairs: list[str] | None) -> list[tuple[list[str], Any]]:
     return [typed_config.parse_override(pair, FinetuneConfigError) for pair in pairs or []]
 
 
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: sections (mappings) merged key by key, any other value replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
+def read_preset(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The values of a fine-tuning YAML file; ``extends: FILE`` (a file beside it) reads FILE first and lays this
+    file's keys over it, so that a task preset is its ``task:`` over the one recipe (``configs/glue/base.yaml``)."""
+    path = Path(path)
+    values = typed_config.read_yaml(path, FinetuneConfigError)
+    if "extends" not in values:
+        return values
+    parent = values.pop("extends")
+    if not isinstance(parent, str) or not parent:
+        raise FinetuneConfigError([f"extends: {parent!r}, expected the file name of a config beside {path}"],
+                                  str(path))
+    parent_path = (path.parent / parent).resolve()
+    if parent_path in _seen or parent_path == path.resolve():
+        raise FinetuneConfigError([f"extends: {parent!r} leads back to a file that extends it"], str(path))
+    return _merged(read_preset(parent_path, (*_seen, path.resolve())), values)
+
+
 def load_finetune_config(path: str | Path | None = None, overrides: list[str] | None = None,
                          base: Mapping[str, Any] | None = None) -> FinetuneConfig:
-    """Read a YAML config (or start from ``base``), apply ``--set`` overrides, validate."""
+    """Read a YAML config (with the file it ``extends``; or start from ``base``), apply ``--set`` overrides,
+    validate."""
     values: dict[str, Any] = {}
     source = None
     if path is not None:
         source = str(path)
-        values = typed_config.read_yaml(path, FinetuneConfigError)
+        values = read_preset(path)
     if base is not None:
         values = {**base, **values}
     values = typed_config.apply_overrides(values, overrides, FinetuneConfigError)

@@ -70,6 +70,7 @@ from adaponder.palbert.vocab_check import check_tokenizer_fits
 from adaponder.train import metrics as M
 from adaponder.train.checkpoint import CheckpointError, read_latest, tag_for
 from adaponder.train.ds_config import BatchSizes, build_ds_config, clips_in_deepspeed
+from adaponder.train.engine import TrainingLoop, fit
 from adaponder.train.harness import RunHarness
 from adaponder.train.resume_checks import OptimizerValues
 from adaponder.train.stopping import EXIT_NONFINITE, TrainingStopped
@@ -93,7 +94,8 @@ _OPTIM_KEYS = {"train.lr": ("main", "lr"), "train.lambda_lr": ("lambda", "lr"),
 
 class FineTuner(EvaluationPhases, RunHarness):
     """One fine-tuning run on the run harness (:class:`~adaponder.train.harness.RunHarness`): :meth:`setup`
-    (collective), :meth:`fit` (phase 1), :meth:`evaluate` (phases 2–4), :meth:`close`. Stops (signal,
+    (collective), phase 1 in the common loop (:func:`~adaponder.train.engine.fit` of :meth:`training_loop`),
+    :meth:`evaluate` (phases 2–4), :meth:`close`. Stops (signal,
     ``train.stop_at``, a non-finite loss) are recorded in ``metrics.jsonl`` and raise
     :class:`~adaponder.train.stopping.TrainingStopped` carrying the message and the exit code."""
 
@@ -370,8 +372,13 @@ class FineTuner(EvaluationPhases, RunHarness):
                           + " | ".join(f"{k} {rec[k]:.4f}" for k in ("loss", "rec", "reg") if k in rec))
             self._window = []
 
-    def fit(self) -> None:
-        """Phase 1 (collective). Returns when training is done; a finished training returns at once."""
+    def training_loop(self) -> TrainingLoop:
+        """Phase 1's parts of the common loop (:func:`~adaponder.train.engine.fit`): a resumed run first evaluates
+        the step a stop came before; the training clock runs over the loop; the train results follow."""
+        return TrainingLoop(batches=lambda: self._train_batches(self.step), announce=self._announce,
+                            begin=self._begin, catch_up=True, end=self._end, finish=self._update_train_results)
+
+    def _announce(self) -> None:
         cfg = self.cfg
         if self.rank == 0:
             c = self.counts
@@ -380,21 +387,14 @@ class FineTuner(EvaluationPhases, RunHarness):
                 f"{c['train']}/{c['train_full']}, dev {c['dev']}/{c['dev_full']}; {self.world_size} rank(s), ZeRO-"
                 f"{cfg.deepspeed.zero_stage}, {cfg.deepspeed.precision}; {self.total_steps} steps × batch "
                 f"{cfg.train.batch_size}, dev evaluation every {self.eval_every} steps")
+
+    def _begin(self) -> None:
         self._t_mark = time.perf_counter()
-        bar = None
-        try:
-            if self.step > 0:
-                self.after_step()  # resumed at a step whose evaluation the stop came before
-            if not self.train_done():
-                bar = M.progress_bar(self.rank == 0 and cfg.logging.progress_bar, self.total_steps, self.step)
-            self._window: list[dict[str, Any]] = []
-            self.run_steps(self._train_batches(self.step), bar)
-        finally:
-            if bar is not None:
-                M.close_progress_bar()
-            self._tick()
-            self._t_mark = None
-        self._update_train_results()
+        self._window: list[dict[str, Any]] = []
+
+    def _end(self) -> None:
+        self._tick()
+        self._t_mark = None
 
 
 def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = None, data_dir: str | None = None,
@@ -416,7 +416,7 @@ def run_finetune(cfg: FinetuneConfig, *, init: str, init_revision: str | None = 
         # (stops are agreed between the ranks; checkpoint folders are shared)
         with tuner.session(alike=(TrainingStopped, CheckpointError)):
             tuner.setup()
-            tuner.fit()
+            fit(tuner, tuner.training_loop())  # phase 1; a finished training returns at once
             return tuner.evaluate()
     finally:
         torch.set_num_threads(threads)

@@ -32,13 +32,17 @@ def _speedup_cell(t: dict[str, Any]) -> str:
 def _timing_line(timing: dict[str, Any], batch_keys: list[str]) -> str:
     done = timing.get("examples_timed") or {}
     rounds = timing.get("rounds") or {}
-    if not done:  # (results written before the budget existed)
+    if not done and "not_timed" not in timing:  # (results written before the budget existed)
         return (f"timing: {timing['examples']} dev examples, {timing['threads']} thread(s), each batch the best of "
                 f"{timing['repeats']} interleaved runs; speed-up measured against always-last")
     sizes = "; ".join(f"@{bk.split('_')[1]}: {done[bk]} of {timing['examples']} examples, {rounds[bk]} round(s)"
                       for bk in batch_keys)
     budget = timing.get("budget_seconds")
     spent = f"{timing['seconds']:.0f} s" + (f" of a {budget:g} s budget" if budget is not None else "")
+    skipped = timing.get("not_timed") or []
+    if skipped:
+        sizes += ("; " if sizes else "") + (f"not timed: @{', @'.join(map(str, skipped))} (the budget was spent "
+                                            "before a whole round)")
     return (f"timing ({spent}, {timing['threads']} thread(s)): {sizes}; speed-up against always-last, the "
             "median over rounds with its interquartile range (rules interleaved in every round)")
 

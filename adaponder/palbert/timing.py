@@ -11,7 +11,10 @@ flagged as such (``above_ideal``, ``note``), never reported as a plain result.
 Budget: each batch size gets an equal share of ``budget_seconds`` (time an earlier one leaves unused passes on).
 The first batch runs timed rounds until ``repeats`` or until its share is spent (at least one); the following
 batches run as many, and a batch size stops at the first batch boundary past its share, having timed its first
-``examples_timed`` examples. ``budget_seconds=None``: every example, ``repeats`` rounds.
+``examples_timed`` examples. The whole budget is a hard limit: once it is spent, timing stops after the model
+call under way; a round or batch cut short is dropped, and a batch size with no whole round is listed in
+``not_timed`` instead of given a figure (what was measured is reported, nothing is measured past the budget).
+``budget_seconds=None``: every example, ``repeats`` rounds.
 """
 
 from __future__ import annotations
@@ -47,15 +50,31 @@ def speedup_summary(ratios: Sequence[float], ideal: float) -> dict[str, Any]:
             "above_ideal": above, "note": ABOVE_IDEAL_NOTE if above else None}
 
 
+class _BudgetSpent(Exception):
+    """The whole time budget ran out in the middle of a round."""
+
+
 def _time_batch(model, batch, rules: list[str], rounds: int, deadline: float | None, seed: int, *, q: float,
-                patience: int, clock: Callable[[], float], progress) -> tuple[dict[str, list[float]], dict]:
+                patience: int, clock: Callable[[], float], progress,
+                end: float | None = None) -> tuple[dict[str, list[float]], dict]:
     """A warm-up round (which records the exit passes), then up to ``rounds`` timed rounds; with a ``deadline``
-    it stops after the first timed round that ends past it."""
+    it stops after the first timed round that ends past it. Past ``end`` (the whole budget) it stops after the
+    call under way, keeping the whole timed rounds; :class:`_BudgetSpent` when not one was complete."""
     device = _device_of(model)
     times: dict[str, list[float]] = {r: [] for r in rules}
     exits: dict[str, torch.Tensor] = {}
     for rep in range(rounds + 1):
+        if rep >= 1 and end is not None and clock() >= end:
+            if not times[rules[0]]:
+                raise _BudgetSpent
+            break
         for rule in rules:
+            if end is not None and clock() >= end:  # a round cut short: its times are not comparable
+                for r in rules:
+                    del times[r][max(rep - 1, 0):]
+                if not times[rules[0]]:
+                    raise _BudgetSpent
+                return times, exits
             gen = _generator(device, seed)
             _sync(device)
             t0 = clock()
@@ -81,11 +100,19 @@ def _time_batch_size(model, batches: list[dict], rules: list[str], repeats: int,
     n = model.config.palbert_passes
     per_batch: list[dict[str, list[float]]] = []
     exits: dict[str, list[torch.Tensor]] = {r: [] for r in rules}
+    end = kw.pop("end", None)
     rounds, timed = repeats, 0
     for bi, batch in enumerate(batches):
         # The first batch settles how many rounds fit; the others repeat as often, so every round covers the
         # same examples.
-        times, ex = _time_batch(model, batch, rules, rounds, deadline if bi == 0 else None, bi, **kw)
+        try:
+            times, ex = _time_batch(model, batch, rules, rounds, deadline if bi == 0 else None, bi, end=end, **kw)
+        except _BudgetSpent:
+            if bi == 0:
+                raise
+            break
+        if bi > 0 and len(times[rules[0]]) < rounds:
+            break  # cut short by the end of the budget: fewer rounds than the batches before it
         rounds = len(times[rules[0]])
         per_batch.append(times)
         for rule in rules:
@@ -114,7 +141,8 @@ def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence
     :func:`timing_units` in all); it may raise to stop the measurement. Returns ``batch_<b>``: per rule
     ``sec_per_example`` (median round), ``mean_exit_pass``, ``measured_speedup`` (median), ``speedup_iqr``,
     ``speedup_range``, ``rounds``, ``ideal_speedup``, ``ratio_to_ideal``, ``above_ideal``, ``note``; and
-    ``examples_timed`` / ``rounds`` per batch size, ``budget_seconds``, ``seconds`` spent.
+    ``examples_timed`` / ``rounds`` per batch size, ``not_timed`` (the batch sizes the budget left no whole round
+    for), ``budget_seconds``, ``seconds`` spent.
     """
     rules = list(dict.fromkeys([*rules, "last"]))
     old_threads = torch.get_num_threads()
@@ -125,14 +153,22 @@ def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence
     start = clock()
     out: dict[str, Any] = {"examples": len(ids), "threads": torch.get_num_threads(), "repeats": repeats,
                            "device": str(device), "budget_seconds": budget_seconds, "examples_timed": {},
-                           "rounds": {}}
+                           "rounds": {}, "not_timed": []}
+    end = None if budget_seconds is None else start + budget_seconds
     try:
         for i, bs in enumerate(batch_sizes):
             deadline = None if budget_seconds is None else start + budget_seconds * (i + 1) / len(batch_sizes)
+            if end is not None and clock() >= end:
+                out["not_timed"].append(bs)
+                continue
             batches = [{k: v.to(device) for k, v in b.items()}
                        for b in padded_batches(ids, [0] * len(ids), bs, pad_id)]
-            entry, timed, rounds = _time_batch_size(model, batches, rules, repeats, deadline, q=q,
-                                                    patience=patience, clock=clock, progress=progress)
+            try:
+                entry, timed, rounds = _time_batch_size(model, batches, rules, repeats, deadline, q=q,
+                                                        patience=patience, clock=clock, progress=progress, end=end)
+            except _BudgetSpent:
+                out["not_timed"].append(bs)
+                continue
             out[f"batch_{bs}"] = entry
             out["examples_timed"][f"batch_{bs}"] = timed
             out["rounds"][f"batch_{bs}"] = rounds

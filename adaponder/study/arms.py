@@ -1,4 +1,4 @@
-"""Train one arm of the study (a ``launch/pretrain.py`` subprocess, resumable) and evaluate it on the held-out
+"""Train one arm of the study (a ``python -m adaponder.cli.pretrain`` subprocess, resumable) and evaluate it on the held-out
 split; the result is one small JSON file per (arm, seed), written atomically, which is what makes the study
 resumable arm by arm: an arm whose file exists with the same configuration fingerprint is never retrained.
 """
@@ -10,7 +10,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from adaponder.evaluation.settings import load_for_eval
 from adaponder.jsonio import json_safe, write_json_atomic
 from adaponder.modeling.exit_rules import NoHalting
 from adaponder.modeling.run_settings import RunSettings
+from adaponder.resources import module_command, package_env
 from adaponder.run_lock import lock_folder
 
 from .config import StudyConfig
 
-REPO = Path(__file__).resolve().parents[2]
 RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class (labelled tasks only)
 #: Versions whose results still stand: a text study's evaluation is the same in both (what version 2 added is
 #: for labelled tasks, whose fingerprints changed with it).
@@ -69,7 +68,7 @@ def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = N
 # -- training -----------------------------------------------------------------------------------------------
 def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
               data_seed: int | None = None) -> Path:
-    """Train (or continue training) one arm in a ``launch/pretrain.py`` subprocess; returns its run folder.
+    """Train (or continue training) one arm in a ``python -m adaponder.cli.pretrain`` subprocess; returns its run folder.
     Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions. An arm started from
     another (``from_arm``) trains that one first when its checkpoint is not there."""
     run_dir = run_dir_of(cfg, arm, seed, data_seed)
@@ -93,10 +92,10 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
     wall = json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else 0.0
     if (run_dir / "hf" / "config.json").is_file() and _finished(run_dir):
         return run_dir
-    cmd = [sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(config_file), "--resume", "auto"]
+    cmd = module_command("adaponder.cli.pretrain", ["--config", str(config_file), "--resume", "auto"])
     log(f"== training {arm_id(arm, seed, data_seed)}: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    env = package_env({**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")})
     proc = subprocess.run(cmd, cwd=os.getcwd(), env=env)
     wall += time.perf_counter() - t0
     write_json_atomic(wall_file, {"seconds": wall})

@@ -207,6 +207,18 @@ class InitConfig:
 
 
 @dataclass
+class HardwareConfig:
+    """The ``hardware:`` section: what a preset is sized for, checked before anything starts, so that a preset
+    for GPUs says so at once on a machine without one rather than after minutes of start-up."""
+
+    #: ``gpu``: refuse to start where torch sees no CUDA GPU (``--set hardware.requires=any`` runs it anyway);
+    #: ``any``: a CPU will do.
+    requires: Literal["any", "gpu"] = "any"
+    #: What the preset's sizes assume, named in that refusal (e.g. ``8 x H100-80GB, bf16``).
+    sized_for: str | None = None
+
+
+@dataclass
 class DebugConfig:
     """Tracing for the tests; leave empty for real runs."""
 
@@ -224,6 +236,7 @@ SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
     "train": RunConfig,
     "init": InitConfig,
+    "hardware": HardwareConfig,
     "debug": DebugConfig,
 }
 
@@ -295,6 +308,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: RunConfig = field(default_factory=RunConfig)
     init: InitConfig = field(default_factory=InitConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     #: Where the config came from (for messages); not part of the file.
     source: str | None = None
@@ -334,6 +348,7 @@ class TrainConfig:
         # A permission for one resume, not part of what the run is (and fingerprints on disk predate it).
         for permission in ("allow_schedule_change", "allow_data_change", "allow_optim_change"):
             del what["train"][permission]
+        del what["hardware"]  # where the run may start, not what it computes
         # Keys added later enter only when set, so the fingerprints of runs that predate them stay the same.
         for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0)):
             if what["schedule"].get(key) == default:

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
+import logging
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,40 @@ from adaponder.run_lock import RunLockError, lock_folder
 
 from .config import TrainConfigError
 from .extension_lock import wait_for_build_locks
+
+
+#: DeepSpeed's notices that are true of every run of this trainer and say nothing about this one: its optimizer is
+#: torch's AdamW, which the generated DeepSpeed config admits under ZeRO on purpose (``zero_allow_untested_optimizer``;
+#: DeepSpeed then warns on every run), and on the CPU DeepSpeed reports loading its shared-memory collectives.
+KNOWN_NOTICES = ("You are using ZeRO with an untested optimizer", "deepspeed_shm_comm_op built successfully")
+
+
+class _KnownNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(notice in record.getMessage() for notice in KNOWN_NOTICES)
+
+
+def quiet_known_notices() -> None:
+    """Filter :data:`KNOWN_NOTICES` out of DeepSpeed's log (once per process); any other warning still shows."""
+    ds_logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _KnownNotices) for f in ds_logger.filters):
+        ds_logger.addFilter(_KnownNotices())
+
+
+@contextlib.contextmanager
+def _printed_notices_dropped():
+    """DeepSpeed prints (rather than logs) some notices: stdout is held while it runs and passed on without the
+    known ones."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held):
+            yield
+    finally:
+        rest = [ln for ln in held.getvalue().splitlines(keepends=True)
+                if not any(notice in ln for notice in KNOWN_NOTICES)]
+        if rest:
+            sys.stdout.write("".join(rest))
+            sys.stdout.flush()
 
 
 def _free_port() -> int:
@@ -45,7 +83,9 @@ def init_distributed() -> tuple[int, int, int]:
         if acc.device_name() == "cpu":  # DeepSpeed loads its CPU collectives, behind a lock that can be stale
             wait_for_build_locks()
         # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
-        deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
+        quiet_known_notices()
+        with _printed_notices_dropped():
+            deepspeed.init_distributed(dist_backend=acc.communication_backend_name(), verbose=False)
         _OWNED_GROUP = True
         if acc.device_name() == "cpu":
             _release_shm_name(dist.get_rank())
@@ -140,6 +180,7 @@ def create_engine(model: torch.nn.Module, optimizer, ds_config: dict[str, Any]):
     pondering embedding A4, the chunked cross-entropy) are gathered for the whole forward."""
     import deepspeed  # DeepSpeed takes seconds to import (as in init_distributed)
 
+    quiet_known_notices()
     try:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config,
                                                dist_init_required=False)

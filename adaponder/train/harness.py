@@ -5,7 +5,8 @@
 run may name too), finds the resume point (a fresh run refuses a folder that holds checkpoints), lets the task build
 its data and model, checks the checkpoint against the run (model shape, data, settings), builds the DeepSpeed
 engine, loads the checkpoint or seeds a fresh run, opens the metrics sink and installs the stop signals.
-:meth:`RunHarness.run_steps` is the step loop; :meth:`RunHarness.save` and the resume load are the checkpoint
+:meth:`RunHarness.run_steps` is the step loop, which the one training loop of every task
+(:func:`.engine.fit`, given the task's :class:`~.engine.TrainingLoop`) runs; :meth:`RunHarness.save` and the resume load are the checkpoint
 paths of both tasks; :meth:`RunHarness.session` closes a run (signals, sink, locks, the process group).
 
 A task subclasses :class:`RunHarness` and supplies the hooks below the line "hooks" (build the data and the model,

@@ -52,6 +52,7 @@ from .distributed import broadcast_error, deal
 from .export import export_engine
 from .finite_weights import module_weights_problem
 from .ds_config import clips_in_deepspeed
+from .engine import TrainingLoop, fit
 from .harness import RunHarness
 from .optim import GuardedAdamW, guarded_cpu_adam, param_groups
 from .plan import startup_memory_warning  # (CUDA only: the planner's memory model against this device)
@@ -421,17 +422,15 @@ class Trainer(RunHarness):
         self.sink.log(rec, line)
 
     # ---- the loop -------------------------------------------------------------------------------------
-    def fit(self) -> dict[str, Any]:
-        t_start = time.perf_counter()
-        self._announce()
-        bar = M.progress_bar(self.rank == 0 and self.cfg.logging.progress_bar, self.plan.total_steps, self.step)
+    def training_loop(self) -> TrainingLoop:
+        """Pretraining's parts of the common loop (:func:`~.engine.fit`): the loader's batches; after the last
+        step the final validation, checkpoint, export and report (:meth:`_finish`)."""
+        return TrainingLoop(batches=lambda: iter(self.loader), announce=self._announce, begin=self._begin,
+                            finish=lambda: self._finish(self._last_result, self._t_start))
+
+    def _begin(self) -> None:
+        self._t_start = time.perf_counter()
         self._last_result: dict[str, Any] = {}
-        try:
-            self.run_steps(iter(self.loader), bar)
-            M.close_progress_bar()
-            return self._finish(self._last_result, t_start)
-        finally:
-            M.close_progress_bar()
 
     def record_step(self, res: dict[str, Any], bar) -> None:
         self.tokens_seen += self.plan.tokens_per_step
@@ -588,7 +587,7 @@ def run(cfg: TrainConfig, resume: str | None = None) -> int:
         with trainer.session(alike=(TrainingStopped, *user_errors)):
             trainer.setup()
             rank = trainer.rank
-            trainer.fit()
+            fit(trainer, trainer.training_loop())
         return EXIT_OK
     except TrainingStopped as stop:
         if rank == 0:  # (the event in metrics.jsonl holds the same message; the console gets it once, here)
