@@ -101,6 +101,24 @@ def test_draft_and_verify_steps_read_nothing_back_to_the_host(monkeypatch):
     assert targets.shape == (3, 2) and exits.shape == (3, 2) and isinstance(state[0], torch.Tensor)
 
 
+def test_adaptive_draft_length_moves_by_powers_of_two_with_the_same_tokens():
+    """Every draft accepted (two draft passes of this model agree with all four): γ doubles from 1 up to its
+    maximum from one cycle to the next (ordinary steps may come between: the schedule times both ways), each γ
+    one verification graph when compiled; the tokens stay generate()'s."""
+    model = _model("adaponder")
+    ids, mask = _prompts()
+    config = SpeculativeConfig(2, 1, adaptive=True, max_draft_tokens=8, probe_every=2,
+                               min_gain=0.01)  # drafting is timed whatever the depth
+    decoder = StaticSpeculativeDecoder(model, config, TAU)
+    out = decoder.generate(ids, mask, 40)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, settings=TAU)
+    assert torch.equal(out, ref)
+    advances = decoder.stats.advances  # every cycle accepted whole: each advance is that cycle's γ
+    assert len(advances) >= 3 and advances[0] == 1
+    assert all(b == min(2 * a, 8) for a, b in zip(advances, advances[1:]))
+
+
 class StopAfterPassOne:
     needs = frozenset()
     carries = False

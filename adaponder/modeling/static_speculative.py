@@ -9,9 +9,11 @@ pass P reuses its exit pass's K/V in the later passes (A15) exactly as in eager 
 cleared: their slots are masked out and overwritten by the next cycle. The acceptance is read on the host once per
 cycle (γ tokens), never inside a step.
 
-γ stays fixed (each γ is a graph of its own); ``adaptive`` keeps only its choice between drafting and ordinary
-decoding (the compiled static step): ordinary steps first, a draft cycle timed only where drafting could pay
-(:class:`~.speculative.SpeculativeConfig`), the faster way kept. Exit rules with a per-token memory
+Each γ is a verification graph of its own, so ``adaptive`` moves γ by powers of two (doubled after a cycle every
+row accepted whole, halved after one cut short, between 1 and ``max_draft_tokens``: a few graphs, each compiled
+once) and chooses between drafting and ordinary decoding (the compiled static step) as the eager decoder does:
+ordinary steps first, a draft cycle timed only where drafting could pay (:class:`~.speculative.SpeculativeConfig`),
+the faster way kept. Exit rules with a per-token memory
 (``carries``) are not supported here (the eager decoder takes them).
 
 This file travels with saved checkpoints (``auto_map``): standard library, torch and transformers only.
@@ -95,7 +97,8 @@ class StaticSpeculativeDecoder:
         batch, length = input_ids.shape
         device = input_ids.device
         gamma = cfg.draft_tokens
-        kv, key_ok, out, position = self.static.prefill(input_ids, attention_mask, length + max_new_tokens + gamma)
+        most = max(gamma, cfg.max_draft_tokens) if cfg.adaptive else gamma
+        kv, key_ok, out, position = self.static.prefill(input_ids, attention_mask, length + max_new_tokens + most)
         buffers = pass_buffers(kv)
         pending = out.logits[:, -1].argmax(-1)  # [B]: the next input of every row
         tokens, produced, n = [pending[:, None]], 1, length  # n: the next free slot
@@ -103,7 +106,6 @@ class StaticSpeculativeDecoder:
         chooser = WayChooser(("plain", "draft"), cfg.probe_every, device) if cfg.adaptive else None
         depth = DecodedDepth()
         draft, verify = self._fn("draft"), self._fn("verify")
-        offsets = torch.arange(gamma, device=device)
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             way = "draft" if chooser is None else chooser.next_way()
             if way == "draft" and chooser is not None and not depth.drafting_may_pay(cfg):
@@ -116,7 +118,9 @@ class StaticSpeculativeDecoder:
                 new = logits.argmax(-1)[:, None]
                 stats.plain_steps += 1
             else:
-                new = self._cycle(draft, verify, buffers, key_ok, pending, n, position, offsets, depth)
+                new = self._cycle(draft, verify, buffers, key_ok, pending, n, position, gamma, depth)
+                if cfg.adaptive:
+                    gamma = min(gamma * 2, cfg.max_draft_tokens) if new.shape[1] == gamma else max(1, gamma // 2)
             if chooser is not None:
                 chooser.record(way, started, new.shape[1])
             advance = new.shape[1]
@@ -132,12 +136,13 @@ class StaticSpeculativeDecoder:
             new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
         return torch.cat([input_ids, new], dim=1)
 
-    def _cycle(self, draft, verify, buffers, key_ok, pending, n, position, offsets, depth) -> torch.Tensor:
+    def _cycle(self, draft, verify, buffers, key_ok, pending, n, position, gamma, depth) -> torch.Tensor:
         """Draft γ tokens after ``pending`` (at slots n..n+γ-1), verify them, keep the agreed prefix (every row
         advances by the smallest); returns the tokens added, ``[B, m]``, the last the next pending one."""
         model, settings, cfg, stats = self.model, self.settings, self.config, self.stats
-        gamma, P = cfg.draft_tokens, cfg.draft_passes
+        P = cfg.draft_passes
         device = pending.device
+        offsets = torch.arange(gamma, device=device)
         ids, states = [pending], []
         for j in range(gamma):
             token, *state = draft(model, settings, buffers, key_ok, ids[-1].contiguous(),
