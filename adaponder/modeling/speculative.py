@@ -43,10 +43,9 @@ from .way_choice import WayChooser
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle).
-    ``adaptive``: γ follows the acceptance — doubled after a cycle every row accepted whole, halved after one that
-    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adds two and takes one;
-    doubling reaches a good draft's long blocks within a few cycles of a short generation, and keeps the compiled
-    decoder's verification graphs few) — and
+    ``adaptive``: γ follows the acceptance — two more after a cycle every row accepted whole, one less after one that
+    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way; the
+    compiled decoder moves by powers of two instead, each γ being a graph of its own) — and
     drafting itself is measured against ordinary decoding: the decoder times its seconds per token both ways and
     decodes the faster way, trying the other again after every ``probe_every`` tokens, so a model whose drafts do
     not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed.
@@ -213,7 +212,7 @@ class SelfSpeculativeDecoder:
             if way == "draft":
                 new = self._cycle(tokens[-1][:, -1], mask, cache, step)
                 if self.config.adaptive:
-                    gamma = min(gamma * 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma // 2)
+                    gamma = min(gamma + 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
             else:
                 new = self._plain_step(tokens[-1][:, -1], mask, cache)
             if chooser is not None:
