@@ -288,7 +288,7 @@ def pondering_from_hidden(h: torch.Tensor, w_out: torch.Tensor, w_emb: torch.Ten
                           chunk: int = 0, recompute: bool = True) -> torch.Tensor:
     """``α · softmax(h W_outᵀ) W_E`` for ``h`` of shape ``[N, d]`` (A4).
 
-    At most ``chunk`` rows at a time (0 = a default that bounds the probability block to 2**25 entries).
+    At most ``chunk`` rows at a time (0 = the device's default block, :func:`block_entries`).
     With gradients, probabilities are recomputed in backward (``recompute``, memory O(N·d + V·d)) or kept
     (one product less per call, N·V fp32 held until backward).
     """

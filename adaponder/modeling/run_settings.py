@@ -39,7 +39,8 @@ class RunSettings:
         scattering can cost more than the work skipped); True always compacts; False runs every token through
         every pass (ZeRO-3).
     chunk_size: most tokens per chunk when forming the pondering embedding ``softmax(z)·Ẽ`` (A4) and the loss
-        (A10), so no B×T×V tensor is materialised at once (0 = chunks of at most 2**25 probabilities).
+        (A10), so no B×T×V tensor is materialised at once (0 = the device's default block: 2**25 probabilities on
+        the CPU, 2**27 on a GPU).
     recompute: in training, recompute each pondering pass's probabilities in backward (memory does not grow with
         B×T×V per pass) or keep them (False: one ``h W_outᵀ`` product per pondering pass less).
     compile: greedy ``generate`` decodes with the static-shape step (:mod:`.static_decoding`) compiled by
