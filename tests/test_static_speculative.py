@@ -145,3 +145,16 @@ def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():
     with pytest.raises(TypeError, match="compiled self-speculative decoding .* is greedy"):
         model.generate(ids, max_new_tokens=4, do_sample=True, speculative=SpeculativeConfig(1, 2),
                        settings=TAU.replace(compile=True))
+
+
+def test_rows_that_emit_eos_are_padded_as_generate_pads_them():
+    model = _model("adaponder")
+    ids, mask = _prompts()
+    with torch.no_grad():
+        free = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, settings=TAU)
+        eos = int(free[0, ids.shape[1] + 2])  # a token row 0 emits early
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, settings=TAU,
+                             eos_token_id=eos, pad_token_id=0)
+    out = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 4), TAU).generate(ids, mask, 20, eos, 0)
+    assert (ref[:, ids.shape[1]:] == eos).any(1)[0]
+    assert torch.equal(out[:, :ref.shape[1]], ref) and (out[:, ref.shape[1]:] == 0).all()
