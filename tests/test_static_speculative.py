@@ -7,34 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SpeculativeConfig
 from adaponder.modeling.static_decoding import StaticDecoder, pass_buffers
 from adaponder.modeling.static_speculative import StaticSpeculativeDecoder, draft_step, verify_step
-
-SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
-             max_position_embeddings=256)
-TAU = RunSettings(tau=0.5)
-
-
-def _model(mode: str) -> AdaPonderForCausalLM:
-    torch.manual_seed(0)
-    model = AdaPonderForCausalLM(AdaPonderConfig(mode=mode, **SHAPE)).eval()
-    model.generation_config.eos_token_id = None
-    with torch.no_grad():  # gates whose values spread around τ = 0.5: tokens exit at every pass
-        for gate in model.gates:
-            gate.fc_out.weight.normal_(0, 2.0)
-            gate.fc_out.bias.zero_()
-    return model
-
-
-def _prompts():
-    ids = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # left padding
-    mask[2, :1] = 0
-    return ids, mask
+from test_static_decoding import TAU, _model, _prompts  # the same models and prompts as static decoding
 
 
 @pytest.mark.parametrize("mode", ["ponderlm", "loop", "adaponder"])

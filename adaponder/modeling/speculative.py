@@ -130,6 +130,16 @@ class DecodedDepth:
         return depth / (P + max(depth - P, 0.0) / gamma) >= config.min_gain
 
 
+def pad_after_eos(new: torch.Tensor, eos_token_id: int | None, pad_token_id: int | None) -> torch.Tensor:
+    """``new`` ``[B, n]`` with every token after a row's first ``eos_token_id`` set to ``pad_token_id`` (default: the
+    eos id), as transformers' ``generate`` pads finished rows."""
+    if eos_token_id is None:
+        return new
+    is_eos = (new == eos_token_id).long()
+    after = is_eos.cumsum(1) - is_eos > 0
+    return new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
+
+
 def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
          top_p: float | None = None) -> torch.Tensor:
     """Log-probabilities after temperature, top-k and top-p, in that order (transformers' warpers' order and
@@ -222,10 +232,7 @@ class SelfSpeculativeDecoder:
             produced += new.shape[1]
             if finished is not None:
                 finished = finished | (new == eos_token_id).any(1)
-        new = torch.cat(tokens, dim=1)[:, :max_new_tokens]
-        if eos_token_id is not None:
-            after = (new == eos_token_id).long().cumsum(1) - (new == eos_token_id).long() > 0
-            new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
+        new = pad_after_eos(torch.cat(tokens, dim=1)[:, :max_new_tokens], eos_token_id, pad_token_id)
         return torch.cat([input_ids, new], dim=1)
 
     def _plain_step(self, pending: torch.Tensor, mask: torch.Tensor, cache: PonderCache) -> torch.Tensor:
@@ -324,4 +331,5 @@ class SelfSpeculativeDecoder:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
 
 
-__all__ = ["DecodedDepth", "SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "warp"]
+__all__ = ["DecodedDepth", "SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "pad_after_eos",
+           "warp"]

@@ -192,6 +192,13 @@ def carry_forward(kv: torch.Tensor, slot: torch.Tensor, done: int) -> None:
     later.index_copy_(5, slot, src[:, :, None].expand(-1, -1, later.shape[2], -1, -1, -1, -1))
 
 
+def compile_step(fn, model):
+    """``fn`` (a static step of ``model``) under ``torch.compile``: one full graph of fixed shapes, as CUDA graphs on
+    a GPU (``reduce-overhead``), inductor's default on the CPU."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    return torch.compile(fn, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda else None)
+
+
 @dataclass
 class StaticOutput:
     """``sequences`` ``[B, T + new]``; ``exit_pass`` ``[B, new]``; ``logits`` ``[B, new, V]`` when asked for."""
@@ -230,9 +237,7 @@ class StaticDecoder:
         if not self.settings.compile:
             return plain
         if per_pass not in self._compiled:
-            cuda = next(self.model.parameters()).device.type == "cuda"
-            self._compiled[per_pass] = torch.compile(plain, fullgraph=True, dynamic=False,
-                                                     mode="reduce-overhead" if cuda else None)
+            self._compiled[per_pass] = compile_step(plain, self.model)
         return self._compiled[per_pass]
 
     def step(self, kv: torch.Tensor, key_ok: torch.Tensor, ids: torch.Tensor, slot: torch.Tensor,
@@ -344,4 +349,4 @@ class StaticDecoder:
 
 
 __all__ = ["CAPACITY_STEP", "STATIC_MODES", "StaticDecoder", "StaticKV", "StaticLayout", "StaticOutput", "StepState",
-           "carry_forward", "decode_passes", "decode_step", "pass_buffers"]
+           "carry_forward", "compile_step", "decode_passes", "decode_step", "pass_buffers"]

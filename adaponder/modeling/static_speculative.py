@@ -24,8 +24,10 @@ from __future__ import annotations
 import torch
 
 from .run_settings import RunSettings, settings_or_default
-from .speculative import DecodedDepth, SelfSpeculativeDecoder, SpeculativeConfig, SpeculativeStats
-from .static_decoding import RECOMPILE_LIMIT, StaticDecoder, StepState, decode_passes, pass_buffers
+from .speculative import (DecodedDepth, SelfSpeculativeDecoder, SpeculativeConfig, SpeculativeStats,
+                          pad_after_eos)
+from .static_decoding import (RECOMPILE_LIMIT, StaticDecoder, StepState, compile_step, decode_passes,
+                              pass_buffers)
 from .way_choice import WayChooser
 
 
@@ -74,9 +76,7 @@ class StaticSpeculativeDecoder:
         if not self.settings.compile:
             return plain
         if name not in self._compiled:
-            cuda = next(self.model.parameters()).device.type == "cuda"
-            self._compiled[name] = torch.compile(plain, fullgraph=True, dynamic=False,
-                                                 mode="reduce-overhead" if cuda else None)
+            self._compiled[name] = compile_step(plain, self.model)
         return self._compiled[name]
 
     @torch.no_grad()
@@ -130,10 +130,7 @@ class StaticSpeculativeDecoder:
             tokens.append(new)
             if finished is not None:
                 finished = finished | (new == eos_token_id).any(1)
-        new = torch.cat(tokens, dim=1)[:, :max_new_tokens]
-        if eos_token_id is not None:
-            after = (new == eos_token_id).long().cumsum(1) - (new == eos_token_id).long() > 0
-            new = new.masked_fill(after, eos_token_id if pad_token_id is None else pad_token_id)
+        new = pad_after_eos(torch.cat(tokens, dim=1)[:, :max_new_tokens], eos_token_id, pad_token_id)
         return torch.cat([input_ids, new], dim=1)
 
     def _cycle(self, draft, verify, buffers, key_ok, pending, n, position, gamma, depth) -> torch.Tensor:
