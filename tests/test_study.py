@@ -1,4 +1,4 @@
-"""The evidence study (launch/study.py): the quick profile end to end on a tiny corpus, resume arm by
+"""The evidence study (`adaponder study`): the quick profile end to end on a tiny corpus, resume arm by
 arm, exact reproduction, the trained tokenizer used from prepare through lm-eval, and config errors."""
 
 import gzip

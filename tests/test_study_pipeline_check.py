@@ -25,7 +25,7 @@ def _report(tmp: Path, config: str, results_dir: str, profile: str | None) -> st
     meta = {"documents": 54, "val_documents": 5, "train_tokens": 1000, "val_tokens": 100}
     if "reasoning" in config:
         meta["task"] = {"name": "multihop", "symbols": 24}
-    return write_report(cfg, results, meta, "python launch/study.py ...").read_text(encoding="utf-8")
+    return write_report(cfg, results, meta, "adaponder study ...").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("config,results_dir", [("configs/study/cpu.yaml", "docs/study"),

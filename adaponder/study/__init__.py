@@ -1,5 +1,5 @@
 """The evidence study: every arm of the AdaPonderLM comparison trained on the same data, budget, seed and
-schedule, evaluated on the same held-out split, reported in ``docs/study.md`` (``launch/study.py``).
+schedule, evaluated on the same held-out split, reported in ``docs/study.md`` (``adaponder study``).
 
 * :mod:`~adaponder.study.config` — the study YAML (base config, arms, profiles), validated at once;
 * :mod:`~adaponder.study.arms` — train an arm (resumable subprocess) and evaluate it; one JSON per arm;
