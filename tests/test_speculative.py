@@ -135,20 +135,68 @@ def test_sampling_keeps_the_models_distribution(mode):
 
 
 def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
-    from adaponder.modeling.way_choice import WayChooser
+    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
 
     chooser = WayChooser(("draft", "plain"), probe_every=4, device=torch.device("cpu"))
-    assert chooser.next_way() == "draft"  # each way is timed once first
-    chooser.per_unit["draft"] = 0.02
-    assert chooser.next_way() == "plain"
-    chooser.per_unit["plain"] = 0.01
+    cost = {"draft": 0.02, "plain": 0.01}
     ways = []
-    for _ in range(10):
+    for _ in range(FIRST_LOOK + 12):
         way = chooser.next_way()
         ways.append(way)
-        chooser.since_probe += 1  # one token per step
-    assert ways.count("plain") >= 8 and "draft" in ways  # ordinary decoding wins; drafting is tried again
-    assert chooser.interval == 8  # the probe lost: the next one waits twice as long
+        chooser.measured(way, cost[way], 1)  # one token per step
+    # the first way run is in use; the other is timed after FIRST_LOOK steps, and takes over as clearly faster
+    assert ways[:FIRST_LOOK + 1] == ["draft"] * FIRST_LOOK + ["plain"]
+    rest = ways[FIRST_LOOK + 1:]
+    assert rest.count("plain") >= 9 and "draft" in rest  # ordinary decoding wins; drafting is tried again
+    assert chooser.current == "plain" and chooser.interval == 8  # the probe lost: the next one waits twice as long
+
+
+@pytest.mark.parametrize("probe_cost,switches", [(0.95, False), (0.8, True)])
+def test_a_probe_takes_over_only_when_clearly_faster(probe_cost, switches):
+    """One timing of the other way that beats the median of the way in use by less than the margin does not
+    switch (nor does a slow first call of the way in use let it); a clearly faster one does, and the probe
+    interval starts again."""
+    from adaponder.modeling.way_choice import FIRST_LOOK, MARGIN, WayChooser
+
+    assert FIRST_LOOK == 3 and 0.8 < 1 - MARGIN < 0.95
+    chooser = WayChooser(("draft", "plain"), probe_every=2, device=torch.device("cpu"))
+    for cost in (3.0, 1.0, 0.9):  # the way in use: a slow first call, then median 1.0
+        assert chooser.next_way() == "draft"
+        chooser.measured("draft", cost, 1)
+    assert chooser.next_way() == "plain"  # the first look at the other way
+    chooser.measured("plain", probe_cost, 1)
+    assert chooser.next_way() == ("plain" if switches else "draft")
+    assert chooser.interval == (2 if switches else 4)
+
+
+def test_a_ways_cost_is_measured_at_its_current_setting():
+    """A draft length's cost is not averaged with another's (the window starts again when the setting changes),
+    yet every run counts toward the first look at the other way, so a draft length that keeps changing cannot put
+    ordinary decoding's first timing off for ever."""
+    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
+
+    chooser = WayChooser(("draft", "plain"), probe_every=100, device=torch.device("cpu"))
+    for gamma, cost in zip((2, 4, 8), (3.0, 2.0, 1.0)):
+        assert chooser.next_way() == "draft"
+        chooser.measured("draft", cost, gamma, setting=gamma)
+    assert chooser.cost("draft") == 1.0  # γ = 8's own, not the median over γ = 2, 4, 8
+    assert FIRST_LOOK == 3 and chooser.next_way() == "plain"
+    chooser.measured("plain", 1.5, 1)
+    assert chooser.next_way() == "draft"  # 1.5 is slower than γ = 8's 1.0 (the median over the ramp was 2.0)
+
+
+def test_a_probe_the_caller_did_not_run_counts_as_lost():
+    """Where the caller runs the way in use instead of a probe (drafting that cannot pay), the probe waits twice
+    as long next time."""
+    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
+
+    chooser = WayChooser(("draft", "plain"), probe_every=2, device=torch.device("cpu"))
+    asked = []
+    for _ in range(FIRST_LOOK + 8):
+        asked.append(chooser.next_way())
+        chooser.measured("plain", 1.0, 1)  # the caller always decodes the ordinary way
+    assert chooser.current == "plain" and "draft" in asked
+    assert asked.count("draft") <= 4 and chooser.interval >= 8
 
 
 class StopAfterPassOne:
@@ -173,10 +221,28 @@ def test_the_adaptive_schedule_drafts_only_where_drafting_could_pay(exit_rule, d
                              speculative=SpeculativeConfig(1, 2, adaptive=True, probe_every=4))
     assert torch.equal(out, ref)
     stats = model.speculative_stats
-    assert stats.plain_steps >= 1  # the schedule starts with ordinary decoding
+    assert stats.plain_steps >= 1  # ordinary decoding is timed too (or is all there is)
     assert (stats.cycles > 0) == drafts
     if not drafts:
         assert stats.plain_steps == 11
+
+
+@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+def test_the_prompts_depth_decides_the_first_step(exit_rule, drafts):
+    """The prefill's exit passes are the first evidence of depth: a model whose tokens take all K passes drafts
+    from the first decoded token (no ordinary steps spent learning its depth); one whose tokens exit after pass 1
+    decodes its first token the ordinary way."""
+    model = make("ponderlm")
+    ids, mask = prompts()
+    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, settings=settings,
+                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=2, settings=settings, pad_token_id=0,
+                             speculative=SpeculativeConfig(1, 2, adaptive=True))
+    assert torch.equal(out, ref)
+    stats = model.speculative_stats  # one decoded step after the prefill's token
+    assert (stats.cycles, stats.plain_steps) == ((1, 0) if drafts else (0, 1))
 
 
 def test_bad_settings_are_named():

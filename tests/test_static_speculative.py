@@ -116,6 +116,21 @@ def test_compiled_adaptive_speculation_never_drafts_where_tokens_exit_after_the_
     assert decoder.stats.cycles == 0 and decoder.stats.plain_steps == 11
 
 
+@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+def test_static_adaptive_speculation_reads_the_prompts_depth_first(exit_rule, drafts):
+    """As the eager decoder: the prefill's exit passes decide the first decoded step (a draft where tokens take
+    every pass, the ordinary step where they exit after the draft passes)."""
+    model = _model("ponderlm")
+    ids, mask = _prompts()
+    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
+    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 2, adaptive=True), settings)
+    out = decoder.generate(ids, mask, 2)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, settings=settings)
+    assert torch.equal(out, ref)
+    assert (decoder.stats.cycles, decoder.stats.plain_steps) == ((1, 0) if drafts else (0, 1))
+
+
 def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():
     model = _model("adaponder")
     ids, _ = _prompts()

@@ -43,18 +43,21 @@ from .way_choice import WayChooser
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``draft_passes`` P (the passes that draft; ``1 ≤ P < K``) and ``draft_tokens`` γ (tokens drafted per cycle).
-    ``adaptive``: γ follows the acceptance — two more after a cycle every row accepted whole, one less after one that
-    was cut short, between 1 and ``max_draft_tokens`` (transformers' assisted generation adapts the same way; the
-    compiled decoder moves by powers of two instead, each γ being a graph of its own) — and
-    drafting itself is measured against ordinary decoding: the decoder times its seconds per token both ways and
-    decodes the faster way, trying the other again after every ``probe_every`` tokens, so a model whose drafts do
-    not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed.
-    The adaptive schedule starts with ordinary decoding and drafts at all only where drafting could pay: its best
-    case (every draft accepted, γ at ``max_draft_tokens``) reads the weights ``P + (D − P)/γ`` times per token
-    where ordinary decoding reads them ``D`` times (``D``: the passes the decoded tokens took, the deepest row of
-    each step), and a cycle is timed only while ``D / (P + (D − P)/γ) ≥ min_gain`` with ``D`` the lower end of a
-    one-standard-error band around the decoded tokens' mean (at least two tokens seen) — a model whose tokens exit
-    after pass P anyway never pays for a probe, and a few deep tokens at the start do not buy one."""
+    ``adaptive``: γ follows the acceptance — doubled after a cycle every row accepted whole, one less after one that
+    was cut short, between 1 and ``max_draft_tokens`` (the compiled decoder halves it instead, each γ being a graph
+    of its own) — and drafting itself is measured against ordinary decoding while decoding
+    (:class:`~.way_choice.WayChooser`): the way run first stays in use, the other is timed after three of its steps
+    and again after every ``probe_every`` tokens, and takes over only when clearly faster, so a model whose drafts
+    do not pay (rarely accepted, or no cheaper than the passes its tokens take anyway) decodes at ordinary speed.
+    A cycle is timed per γ; an ordinary step is timed per token at the decoded tokens' mean depth (its own token's
+    passes divided out: one token that took every pass says little about the next).
+    The adaptive schedule drafts at all only where drafting could pay: its best case (every draft accepted, γ at
+    ``max_draft_tokens``) reads the weights ``P + (D − P)/γ`` times per token where ordinary decoding reads them
+    ``D`` times (``D``: the passes the tokens took, the deepest row of each position — the prompt's, from the
+    prefill, then the decoded tokens'), and a cycle is run only while ``D / (P + (D − P)/γ) ≥ min_gain`` with ``D``
+    the lower end of a one-standard-error band around their mean (at least two positions seen) — a model whose
+    tokens exit after pass P anyway never pays for a probe, and a model whose prompt took every pass drafts from its
+    first decoded token."""
 
     draft_passes: int = 1
     draft_tokens: int = 4
@@ -115,6 +118,25 @@ class DecodedDepth:
         part = torch.stack([deepest.sum(), deepest.square().sum()])
         self.sums = part if self.sums is None else self.sums + part
         self.steps += exit_pass.shape[1]
+
+    def note_prompt(self, exit_pass: torch.Tensor | None, mask: torch.Tensor) -> None:
+        """The prefill's exit passes ``[B, T]`` as the first evidence, where every row holds a prompt token (left
+        padding's columns left out): a prompt's tokens halt as its continuation's do, closely enough to decide
+        whether to time a draft at all, and the decoded tokens' depth joins it from the first step on."""
+        if exit_pass is None:
+            return
+        full = mask.bool().all(0)
+        if bool(full.any()):
+            self.note(exit_pass[:, full])
+
+    def relative(self, exit_pass: torch.Tensor) -> float:
+        """One decoded step's work against a typical step's: the passes its deepest row took over the decoded
+        tokens' mean (a single token's time says little about ordinary decoding's until its depth is divided out).
+        One host read."""
+        if self.steps == 0:
+            return 1.0
+        deepest, total = torch.stack([exit_pass.amax().float(), self.sums[0]]).tolist()
+        return deepest / (total / self.steps)
 
     def drafting_may_pay(self, config: SpeculativeConfig) -> bool:
         """Could a cycle with every draft accepted beat ordinary decoding by ``config.min_gain``? (One host read,
@@ -210,9 +232,11 @@ class SelfSpeculativeDecoder:
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
-        chooser = (WayChooser(("plain", "draft"), self.config.probe_every, input_ids.device)
+        chooser = (WayChooser(("draft", "plain"), self.config.probe_every, input_ids.device)
                    if self.config.adaptive else None)
         self._depth = DecodedDepth()
+        if chooser is not None:
+            self._depth.note_prompt(out.exit_pass, mask)
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
             way = "draft" if chooser is None else chooser.next_way()
@@ -222,11 +246,12 @@ class SelfSpeculativeDecoder:
             if way == "draft":
                 new = self._cycle(tokens[-1][:, -1], mask, cache, step)
                 if self.config.adaptive:
-                    gamma = min(gamma + 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
+                    gamma = min(gamma * 2, self.config.max_draft_tokens) if new.shape[1] == step else max(1, gamma - 1)
             else:
                 new = self._plain_step(tokens[-1][:, -1], mask, cache)
-            if chooser is not None:
-                chooser.record(way, started, new.shape[1])
+            if chooser is not None:  # (a plain step's work: its depth over the mean; a cycle's cost: per γ)
+                work = self._depth.relative(self._plain_exit) if way == "plain" else None
+                chooser.record(way, started, new.shape[1], work, setting=step if way == "draft" else None)
             mask = torch.cat([mask, mask.new_ones(batch, new.shape[1])], dim=1)
             tokens.append(new)
             produced += new.shape[1]
@@ -247,8 +272,9 @@ class SelfSpeculativeDecoder:
         else:  # no padding: positions follow the cache, and attention needs no mask (the plain cached forward)
             out = model(pending[:, None], cache=cache, use_cache=True, settings=self.settings)
         self.stats.plain_steps += 1
-        if out.exit_pass is not None:
-            self._depth.note(out.exit_pass)
+        K = self.settings.num_passes(model.config.num_passes)
+        self._plain_exit = out.exit_pass if out.exit_pass is not None else torch.full_like(pending[:, None], K)
+        self._depth.note(self._plain_exit)
         return self._choose(self._warp(out.logits[:, -1]))[:, None]
 
     # -- one cycle -----------------------------------------------------------------------------------------------
