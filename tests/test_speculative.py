@@ -185,18 +185,23 @@ def test_a_ways_cost_is_measured_at_its_current_setting():
     assert chooser.next_way() == "draft"  # 1.5 is slower than γ = 8's 1.0 (the median over the ramp was 2.0)
 
 
-def test_a_probe_the_caller_did_not_run_counts_as_lost():
-    """Where the caller runs the way in use instead of a probe (drafting that cannot pay), the probe waits twice
-    as long next time."""
+def test_a_way_the_caller_does_not_run_is_neither_in_use_nor_judged():
+    """Where the caller runs ordinary decoding instead of the draft it was asked for (drafting cannot pay yet),
+    nothing is in use: the draft is asked for again at the next step, and once run it is the way in use; a probe
+    the caller does not run counts as lost (the next one waits twice as long)."""
     from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
 
     chooser = WayChooser(("draft", "plain"), probe_every=2, device=torch.device("cpu"))
-    asked = []
-    for _ in range(FIRST_LOOK + 8):
-        asked.append(chooser.next_way())
-        chooser.measured("plain", 1.0, 1)  # the caller always decodes the ordinary way
-    assert chooser.current == "plain" and "draft" in asked
-    assert asked.count("draft") <= 4 and chooser.interval >= 8
+    for _ in range(3):
+        assert chooser.next_way() == "draft"
+        chooser.measured("plain", 1.0, 1)  # not yet
+    assert chooser.current is None
+    for _ in range(FIRST_LOOK):
+        assert chooser.next_way() == "draft"
+        chooser.measured("draft", 0.5, 1)
+    assert chooser.current == "draft" and chooser.next_way() == "plain"  # the first look
+    chooser.measured("draft", 0.5, 1)  # ... which the caller did not take
+    assert chooser.next_way() == "draft" and chooser.interval == 4
 
 
 class StopAfterPassOne:
@@ -228,21 +233,21 @@ def test_the_adaptive_schedule_drafts_only_where_drafting_could_pay(exit_rule, d
 
 
 @pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
-def test_the_prompts_depth_decides_the_first_step(exit_rule, drafts):
-    """The prefill's exit passes are the first evidence of depth: a model whose tokens take all K passes drafts
-    from the first decoded token (no ordinary steps spent learning its depth); one whose tokens exit after pass 1
-    decodes its first token the ordinary way."""
+def test_drafting_starts_once_two_positions_are_decoded(exit_rule, drafts):
+    """The prompt does not count (a model halts otherwise on text it reads than on its own continuation): two
+    ordinary steps give two decoded positions, then a model whose tokens take all K passes drafts; one whose
+    tokens exit after the draft passes never does."""
     model = make("ponderlm")
     ids, mask = prompts()
     settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
     with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, settings=settings,
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, settings=settings,
                              pad_token_id=0)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=2, settings=settings, pad_token_id=0,
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=4, settings=settings, pad_token_id=0,
                              speculative=SpeculativeConfig(1, 2, adaptive=True))
     assert torch.equal(out, ref)
-    stats = model.speculative_stats  # one decoded step after the prefill's token
-    assert (stats.cycles, stats.plain_steps) == ((1, 0) if drafts else (0, 1))
+    stats = model.speculative_stats  # three decoded steps after the prefill's token
+    assert (stats.plain_steps, stats.cycles) == ((2, 1) if drafts else (3, 0))
 
 
 def test_bad_settings_are_named():

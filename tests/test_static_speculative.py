@@ -117,18 +117,19 @@ def test_compiled_adaptive_speculation_never_drafts_where_tokens_exit_after_the_
 
 
 @pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
-def test_static_adaptive_speculation_reads_the_prompts_depth_first(exit_rule, drafts):
-    """As the eager decoder: the prefill's exit passes decide the first decoded step (a draft where tokens take
-    every pass, the ordinary step where they exit after the draft passes)."""
+def test_static_adaptive_speculation_starts_once_two_positions_are_decoded(exit_rule, drafts):
+    """The prompt does not count (a model halts otherwise on text it reads than on its own continuation): two
+    ordinary steps give two decoded positions, then a model whose tokens take all K passes drafts; one whose
+    tokens exit after the draft passes never does."""
     model = _model("ponderlm")
     ids, mask = _prompts()
     settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
     decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 2, adaptive=True), settings)
-    out = decoder.generate(ids, mask, 2)
+    out = decoder.generate(ids, mask, 4)
     with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, settings=settings)
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, settings=settings)
     assert torch.equal(out, ref)
-    assert (decoder.stats.cycles, decoder.stats.plain_steps) == ((1, 0) if drafts else (0, 1))
+    assert (decoder.stats.plain_steps, decoder.stats.cycles) == ((2, 1) if drafts else (3, 0))
 
 
 def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():

@@ -53,11 +53,10 @@ class SpeculativeConfig:
     passes divided out: one token that took every pass says little about the next).
     The adaptive schedule drafts at all only where drafting could pay: its best case (every draft accepted, γ at
     ``max_draft_tokens``) reads the weights ``P + (D − P)/γ`` times per token where ordinary decoding reads them
-    ``D`` times (``D``: the passes the tokens took, the deepest row of each position — the prompt's, from the
-    prefill, then the decoded tokens'), and a cycle is run only while ``D / (P + (D − P)/γ) ≥ min_gain`` with ``D``
-    the lower end of a one-standard-error band around their mean (at least two positions seen) — a model whose
-    tokens exit after pass P anyway never pays for a probe, and a model whose prompt took every pass drafts from its
-    first decoded token."""
+    ``D`` times (``D``: the passes the decoded tokens took, the deepest row of each position), and a cycle is run
+    only while ``D / (P + (D − P)/γ) ≥ min_gain`` with ``D`` the lower end of a one-standard-error band around
+    their mean (at least two positions decoded) — a model whose tokens exit after pass P anyway never pays for a
+    probe, and a few deep tokens at the start do not buy one."""
 
     draft_passes: int = 1
     draft_tokens: int = 4
@@ -106,7 +105,10 @@ class SpeculativeStats:
 
 class DecodedDepth:
     """The passes the decoded tokens took — the deepest row of each decoded position, summed with its square — and
-    :class:`SpeculativeConfig`'s bound on what drafting could gain at that depth."""
+    :class:`SpeculativeConfig`'s bound on what drafting could gain at that depth. Only decoded positions count,
+    not the prompt's (text the model reads halts otherwise than its own continuation: the README demo's model
+    takes about two passes over the README and 1.04 over what it writes; counting even the prefill's last position
+    opened drafting there)."""
 
     def __init__(self):
         self.sums: torch.Tensor | None = None  # [sum, sum of squares], on the device
@@ -118,16 +120,6 @@ class DecodedDepth:
         part = torch.stack([deepest.sum(), deepest.square().sum()])
         self.sums = part if self.sums is None else self.sums + part
         self.steps += exit_pass.shape[1]
-
-    def note_prompt(self, exit_pass: torch.Tensor | None, mask: torch.Tensor) -> None:
-        """The prefill's exit passes ``[B, T]`` as the first evidence, where every row holds a prompt token (left
-        padding's columns left out): a prompt's tokens halt as its continuation's do, closely enough to decide
-        whether to time a draft at all, and the decoded tokens' depth joins it from the first step on."""
-        if exit_pass is None:
-            return
-        full = mask.bool().all(0)
-        if bool(full.any()):
-            self.note(exit_pass[:, full])
 
     def relative(self, exit_pass: torch.Tensor) -> float:
         """One decoded step's work against a typical step's: the passes its deepest row took over the decoded
@@ -228,15 +220,13 @@ class SelfSpeculativeDecoder:
         self.do_sample, self.generator = do_sample, generator
         cache = cache if cache is not None else PonderCache(model.config.num_passes, model.config.num_hidden_layers)
         out = model(input_ids, attention_mask=mask, position_ids=generate_positions(mask, 0, length), cache=cache,
-                    use_cache=True, settings=self.settings)
+                    use_cache=True, logits_to_keep=1, settings=self.settings)  # (only the last position is read)
         tokens = [self._choose(self._warp(out.logits[:, -1]))[:, None]]  # [B, 1]: the pending token of every row
         produced, gamma = 1, self.config.draft_tokens
         finished = tokens[0][:, 0] == eos_token_id if eos_token_id is not None else None
         chooser = (WayChooser(("draft", "plain"), self.config.probe_every, input_ids.device)
                    if self.config.adaptive else None)
         self._depth = DecodedDepth()
-        if chooser is not None:
-            self._depth.note_prompt(out.exit_pass, mask)
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             step = min(gamma, max_new_tokens - produced)
             way = "draft" if chooser is None else chooser.next_way()
@@ -250,7 +240,8 @@ class SelfSpeculativeDecoder:
             else:
                 new = self._plain_step(tokens[-1][:, -1], mask, cache)
             if chooser is not None:  # (a plain step's work: its depth over the mean; a cycle's cost: per γ)
-                work = self._depth.relative(self._plain_exit) if way == "plain" else None
+                timed = way == "plain" and "plain" in (chooser.current, chooser.probed)  # (else never compared)
+                work = self._depth.relative(self._plain_exit) if timed else None
                 chooser.record(way, started, new.shape[1], work, setting=step if way == "draft" else None)
             mask = torch.cat([mask, mask.new_ones(batch, new.shape[1])], dim=1)
             tokens.append(new)

@@ -12,7 +12,7 @@ cycle (γ tokens), never inside a step.
 Each γ is a verification graph of its own, so ``adaptive`` moves γ by powers of two (doubled after a cycle every
 row accepted whole, halved after one cut short, between 1 and ``max_draft_tokens``: a few graphs, each compiled
 once) and chooses between drafting and ordinary decoding (the compiled static step) as the eager decoder does:
-a draft cycle only where the prompt's and the decoded tokens' depth say drafting could pay, the other way timed
+a draft cycle only where the decoded tokens' depth says drafting could pay, the other way timed
 after three steps and taking over only when clearly faster (:class:`~.speculative.SpeculativeConfig`). Exit rules with a per-token memory
 (``carries``) are not supported here (the eager decoder takes them).
 
@@ -105,8 +105,6 @@ class StaticSpeculativeDecoder:
         finished = pending == eos_token_id if eos_token_id is not None else None
         chooser = WayChooser(("draft", "plain"), cfg.probe_every, device) if cfg.adaptive else None
         depth = DecodedDepth()
-        if chooser is not None:
-            depth.note_prompt(out.exit_pass, attention_mask if attention_mask is not None else torch.ones_like(input_ids))
         draft, verify = self._fn("draft"), self._fn("verify")
         while produced < max_new_tokens and not (finished is not None and bool(finished.all())):
             way = "draft" if chooser is None else chooser.next_way()
@@ -125,7 +123,8 @@ class StaticSpeculativeDecoder:
                 if cfg.adaptive:
                     gamma = min(gamma * 2, cfg.max_draft_tokens) if new.shape[1] == gamma else max(1, gamma // 2)
             if chooser is not None:  # (a plain step's work: its depth over the mean; a cycle's cost: per γ)
-                chooser.record(way, started, new.shape[1], depth.relative(exit_pass) if way == "plain" else None,
+                timed = way == "plain" and "plain" in (chooser.current, chooser.probed)  # (else never compared)
+                chooser.record(way, started, new.shape[1], depth.relative(exit_pass) if timed else None,
                                setting=ran if way == "draft" else None)
             advance = new.shape[1]
             n, produced = n + advance, produced + advance

@@ -1,6 +1,6 @@
 """Choosing between two ways of doing the same work by measuring them, while doing it.
 
-The first way run is the way in use; the other is first timed once the way in use has ``FIRST_LOOK``
+The first way (once the caller runs it) is the way in use; the other is first timed once the way in use has ``FIRST_LOOK``
 measurements, and after that is tried again (a probe) every ``probe_every`` units — a machine's load, a model's
 acceptance rate or its halting change which one wins. A probe takes over only when its timing beats the way in
 use's by ``MARGIN`` (the way in use costs the median seconds per unit of its last ``WINDOW`` measurements): one
@@ -39,7 +39,7 @@ class WayChooser:
         self.recent: dict[str, deque] = {}  # way -> its last seconds per unit (at its setting)
         self.setting: dict[str, Any] = {}
         self.runs: dict[str, int] = {}  # way -> measurements, at any setting
-        self.current: str | None = None  # the way in use: the first one run, until a probe takes over
+        self.current: str | None = None  # the way in use: the first way once run, until a probe takes over
         self.looked = False  # the other way was tried once
         self.since_probe = 0
         self.probed: str | None = None  # the way the last probe tried, until its timing is judged
@@ -92,8 +92,8 @@ class WayChooser:
             self.recent[way], self.setting[way] = deque(maxlen=WINDOW), setting
         self.recent[way].append(per_unit)
         self.runs[way] = self.runs.get(way, 0) + 1
-        if self.current is None:
-            self.current = way
+        if self.current is None and way == self.ways[0]:
+            self.current = way  # (a caller that ran the other way instead, e.g. no draft yet, leaves it open)
         self.since_probe += units
 
 
