@@ -140,8 +140,9 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
     context = length + new / 2
     rows = []
     configs = [SpeculativeConfig(args.draft_passes, g) for g in args.gammas]
-    if args.adaptive:  # γ from 2, adapted up to the largest of --gammas
-        configs.append(SpeculativeConfig(args.draft_passes, 2, adaptive=True, max_draft_tokens=max(args.gammas)))
+    if args.adaptive:  # γ adapted from --adaptive-from up to --adaptive-max (SpeculativeConfig's defaults)
+        configs.append(SpeculativeConfig(args.draft_passes, args.adaptive_from, adaptive=True,
+                                         max_draft_tokens=args.adaptive_max))
     compiled = RunSettings(compile=True)
     if args.compiled:  # ordinary decoding on the compiled static step (the first call compiles, untimed)
         model.generate(prompt, max_new_tokens=new, settings=compiled)
@@ -206,6 +207,10 @@ def main(argv=None):
     ap.add_argument("--gammas", default="2,3,4,6,8", help="draft lengths γ, comma-separated")
     ap.add_argument("--draft-passes", type=int, default=1)
     ap.add_argument("--adaptive", action="store_true", help="also a row with γ adapted to the acceptance (aN: up to N)")
+    ap.add_argument("--adaptive-from", type=int, default=SpeculativeConfig.draft_tokens,
+                    help="the adaptive row's first γ (default: SpeculativeConfig's, %(default)s)")
+    ap.add_argument("--adaptive-max", type=int, default=SpeculativeConfig.max_draft_tokens,
+                    help="the adaptive row's largest γ (default: SpeculativeConfig's, %(default)s)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--compiled", action="store_true",
