@@ -150,7 +150,7 @@ class FineTuner(EvaluationPhases):
         rules = [r for r in self.cfg.eval.rules if r in rules_for_method(self.run.model.config.palbert_method)]
         return rules if self.select_rule in rules else [*rules, self.select_rule]
 
-    # ---- set-up -----------------------------------------------------------------------------------------
+    # ---- set-up ---------------------------------------------------------------------------------------
     def prepare(self) -> None:
         if self.cfg.train.threads:
             torch.set_num_threads(self.cfg.train.threads)

@@ -29,7 +29,7 @@ from .checkpoint import (CheckpointError, CheckpointManager, find_resume, has_ch
                          set_rng_state, validate)
 from .distributed import create_engine, destroy_at_exit, init_distributed, lock_on_rank0
 from .finite_weights import module_weights_problem
-from .resume_checks import OptimizerValues, ResumeReview, log_review, reconcile_optimizer, review_resume
+from .resume_checks import ResumeReview, log_review, reconcile_optimizer, review_resume
 from .stopping import install_stop_signals, restore_signals, saved_and_stopped, stop_at_step
 from .task_spec import TaskSpec
 

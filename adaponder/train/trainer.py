@@ -127,7 +127,7 @@ class Trainer:
         from the config when first needed (set-up), so that a trainer is built before its configuration is checked."""
         return self.cfg.run_settings()
 
-    # ---- set-up -----------------------------------------------------------------------------------------
+    # ---- set-up ---------------------------------------------------------------------------------------
     def prepare(self) -> None:
         cfg = self.cfg
         from deepspeed.accelerator import get_accelerator  # DeepSpeed is heavy: only a run's start needs it
