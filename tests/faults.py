@@ -27,7 +27,7 @@ def _nonfinite_losses(stack: contextlib.ExitStack, steps: list[int], rank: int |
     current = {"inject": False}
 
     def train_step(self, train_iter):
-        current["inject"] = self.step + 1 in steps and rank in (None, self.rank)
+        current["inject"] = self.run.step + 1 in steps and rank in (None, self.run.rank)
         try:
             return real_step(self, train_iter)
         finally:

@@ -136,6 +136,7 @@ def test_prepare_on_a_full_disk_names_its_output_and_leaves_nothing(tmp_path, mo
 def test_metrics_log_on_a_full_disk_is_one_clear_error(tmp_path, monkeypatch, capsys):
     from adaponder.errors import OutputError, is_user_error
     from adaponder.train import trainer as T
+    from adaponder.train.harness import RunHarness
     from adaponder.train.metrics import MetricsSink
 
     cfg = SimpleNamespace(jsonl=True, wandb=False, console=False)
@@ -152,7 +153,7 @@ def test_metrics_log_on_a_full_disk_is_one_clear_error(tmp_path, monkeypatch, ca
     def setup(self):
         raise err.value
 
-    monkeypatch.setattr(T.Trainer, "setup", setup)
+    monkeypatch.setattr(RunHarness, "setup", setup)
     assert T.run(SimpleNamespace()) == 2
     assert capsys.readouterr().err.strip() == f"error: could not write the metrics log {tmp_path / 'metrics.jsonl'} " \
                                               f"({ENOSPC})"

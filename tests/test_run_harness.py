@@ -1,9 +1,10 @@
 """Pretraining and GLUE fine-tuning run through one harness (``adaponder.train.harness.RunHarness``): the same
 resume, checkpoint, signal and stop code paths, watched while real runs of both tasks go through them.
 
-One process runs four launches with the harness's methods wrapped by a spy that records which task called
-them: each task is stopped by SIGTERM (sent to the process after its first step), then resumed with
-``--resume auto`` and run to its end.
+Neither task subclasses the harness: each composes its run from its parts (a ``TaskSpec``). One process runs four
+launches with the harness's methods wrapped by a spy that records the task whose parts the run was built from: each
+task is stopped by SIGTERM (sent to the process after its first step), then resumed with ``--resume auto`` and run
+to its end.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _DRIVER = r"""
 import json, os, signal, sys
 sys.path.insert(0, {launch!r})
 from adaponder.train.harness import RunHarness
+from adaponder.train.task_spec import TaskSpec
 
 calls = []
 
@@ -30,7 +32,8 @@ def spy(name):
     real = getattr(RunHarness, name)
 
     def wrapper(self, *args, **kwargs):
-        calls.append([type(self).__name__, name])
+        task = type(self.spec.train_step.__self__).__name__  # the task whose parts built this run
+        calls.append([task, name, type(self) is RunHarness and type(self.spec) is TaskSpec])
         if name == "stop_if_asked" and self.step == 1 and self.stop_signal is None:
             os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's stop, after the first step
         return real(self, *args, **kwargs)
@@ -67,10 +70,12 @@ def test_pretraining_and_finetuning_share_the_harness_code_paths(data, shared_da
     assert out.count("received SIGTERM: saved ") == 2
     assert f"resumed from {tmp_path / 'pre' / 'checkpoints' / 'step00000002'} at step 2" in out
     assert f"resumed from {tmp_path / 'ft' / 'checkpoints' / 'step00000002'} at step 2" in out
+    # Every run is a plain RunHarness built from a TaskSpec (no subclass of it) ...
+    assert all(composed for _, _, composed in spied["calls"]), spied["calls"]
     for task in ("Trainer", "FineTuner"):
-        seen = {name for who, name in spied["calls"] if who == task}
+        seen = {name for who, name, _ in spied["calls"] if who == task}
         assert seen == set(SHARED), f"{task} went around the harness: {sorted(set(SHARED) - seen)}"
     # ... and neither task has its own version of them.
     for cls in (Trainer, FineTuner):
-        assert issubclass(cls, RunHarness)
-        assert not set(SHARED) & set(vars(cls)), f"{cls.__name__} overrides {set(SHARED) & set(vars(cls))}"
+        assert not issubclass(cls, RunHarness)
+        assert not set(SHARED) & set(dir(cls)), f"{cls.__name__} defines {set(SHARED) & set(dir(cls))}"

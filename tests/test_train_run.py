@@ -200,8 +200,9 @@ def test_a_streak_of_skips_begun_before_a_resume_names_its_first_step(tmp_path):
     logged = []
     t = Trainer.__new__(Trainer)  # only the state _count_skip reads
     t.cfg = SimpleNamespace(train=SimpleNamespace(max_consecutive_skips=3))
-    t.sink = SimpleNamespace(log=lambda rec, line=None: logged.append(rec))
-    t.ckpt_dir, t.step, t.consecutive_skips, t.skipped_total, t._skipped_window = tmp_path, 7, 2, 2, 0
+    t.run = SimpleNamespace(sink=SimpleNamespace(log=lambda rec, line=None: logged.append(rec)), ckpt_dir=tmp_path,
+                            step=7)
+    t.consecutive_skips, t.skipped_total, t._skipped_window = 2, 2, 0
     res = {"loss_scale_skip": False, "skipped": True, "nonfinite_micro": True, "grad_norm": float("nan")}
     with pytest.raises(TrainingStopped) as err:
         t._count_skip(res)

@@ -53,18 +53,18 @@ class _NoBar:
 
 class EvaluationPhases:
     """The evaluation phases and results files of :class:`~adaponder.palbert.finetune.FineTuner` (a mixin: it
-    reads the tuner's model, engine, dev set, rules and results)."""
+    reads the tuner's dev set, rules and results, and its run's model, engine and sink)."""
 
     def _bar(self, total: int, desc: str, unit: str = "batch", leave: bool = True):
-        if self.rank != 0 or not self.cfg.logging.progress_bar:
+        if self.run.rank != 0 or not self.cfg.logging.progress_bar:
             return _NoBar()
         return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr, mininterval=1.0,
                     leave=leave)
 
     def _stop_requested(self, collective: bool) -> tuple[bool, bool]:
         """(any rank stopping, any rank's launcher gone); this rank's own flags when not ``collective``."""
-        t = torch.tensor(self.stop_flags(), device=self.device)
-        if collective and self.world_size > 1:
+        t = torch.tensor(self.run.stop_flags(), device=self.device)
+        if collective and self.run.world_size > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t[0] > 0), bool(t[1] > 0)
 
@@ -75,42 +75,43 @@ class EvaluationPhases:
             return
         done = ", ".join(self.results.get("phases", [])) or "none"
         latest = read_latest(self.ckpt_dir)
-        msg = (f"{stop_cause(self.stop_signal, gone)} during the {phase} phase: training is complete (checkpoint "
+        msg = (f"{stop_cause(self.run.stop_signal, gone)} during the {phase} phase: training is complete (checkpoint "
                f"{self.ckpt_dir / latest if latest else 'none'}); {self.out_dir / 'results.json'} holds the finished "
                f"phases ({done}); rerun with --resume auto to evaluate again")
-        raise signal_stop(msg, self.step, self.stop_signal, gone, self.sink.log, phase=phase)
+        raise signal_stop(msg, self.run.step, self.run.stop_signal, gone, self.run.sink.log, phase=phase)
 
     def _dev_output(self, desc: str, leave: bool) -> PalbertOutput:
         """Collective: the N-pass forward of the whole dev set, each rank computing its shard."""
         bs = self.cfg.eval.batch_size
-        per_rank = -(-len(self.dev_ids) // self.world_size)
+        per_rank = -(-len(self.dev_ids) // self.run.world_size)
         bar = self._bar(-(-per_rank // bs), desc, leave=leave)
         try:
-            return forward_all(self.model, self.dev_ids, self.dev_y, bs, self.tokenizer.pad_id, engine=self.engine,
-                               shard=(self.rank, self.world_size), progress=bar.update)
+            return forward_all(self.run.model, self.dev_ids, self.dev_y, bs, self.tokenizer.pad_id,
+                               engine=self.run.engine, shard=(self.run.rank, self.run.world_size),
+                               progress=bar.update)
         finally:
             bar.close()
 
     def _restore_best(self) -> None:
         """Collective: the best checkpoint's weights (a no-op when the last step was the best)."""
-        if not self.best_step or self.best_step == self.step:
+        if not self.best_step or self.best_step == self.run.step:
             return
         tag_dir = self.ckpt_dir / tag_for(self.best_step)
-        validate(tag_dir, self.compat)
-        self.ckpt.load(self.engine, tag_dir)
-        self.sink.log({"kind": "event", "step": self.step, "event": "restored_best", "path": str(tag_dir)},
-                      f"evaluating the best weights: {tag_dir} (step {self.best_step})")
+        validate(tag_dir, self.run.compat)
+        self.run.ckpt.load(self.run.engine, tag_dir)
+        self.run.sink.log({"kind": "event", "step": self.run.step, "event": "restored_best", "path": str(tag_dir)},
+                          f"evaluating the best weights: {tag_dir} (step {self.best_step})")
 
     def _inference_model(self) -> AdaPonderForSequenceClassification | None:
         """Collective: a model for online inference on rank 0 (None elsewhere). Early exit runs a different
         module sequence per batch, which ZeRO-3's partitioned weights cannot follow: rank 0 then gets an
         unpartitioned copy of the weights; other stages use the engine's module."""
         if self.cfg.deepspeed.zero_stage != 3:
-            return self.model if self.rank == 0 else None
-        sd = self.engine._zero3_consolidated_16bit_state_dict()
-        if self.rank != 0:
+            return self.run.model if self.run.rank == 0 else None
+        sd = self.run.engine._zero3_consolidated_16bit_state_dict()
+        if self.run.rank != 0:
             return None
-        copy = AdaPonderForSequenceClassification(self.model.config)  # (the config carries the attention choice)
+        copy = AdaPonderForSequenceClassification(self.run.model.config)  # (the config carries the attention choice)
         missing, unexpected = copy.load_state_dict(sd, strict=False)
         if unexpected or [k for k in missing if k not in self._tied_keys(copy)]:
             raise RuntimeError(f"gathered ZeRO-3 weights do not fit the model: missing {missing}, "
@@ -133,7 +134,7 @@ class EvaluationPhases:
         out = self._dev_output("dev (best weights)", leave=True)
         self._check_stop("dev", collective=True)
         plain = self._inference_model()
-        if self.rank != 0:
+        if self.run.rank != 0:
             return None
         self._dev_phase(out, t_eval)
         self._online_phase(out, plain, t_eval)
@@ -160,10 +161,10 @@ class EvaluationPhases:
         bar = self._bar(n_units + cfg.model.passes, "exit rules", unit="rule")
         try:
             tick = self._ticker(bar, "dev")
-            rules = evaluate_rules(self.model, out, self.dev_y, self.spec, self.rules, q=ecfg.q,
+            rules = evaluate_rules(self.run.model, out, self.dev_y, self.spec, self.rules, q=ecfg.q,
                                    patience=ecfg.patience, sample_draws=ecfg.sample_draws, seed=cfg.train.seed,
                                    progress=tick)
-            regression = self.model.config.is_regression
+            regression = self.run.model.config.is_regression
             per_pass = []
             for i in range(cfg.model.passes):
                 preds = predictions_from_outputs(out.pass_logits[:, i], regression).numpy()
@@ -178,7 +179,7 @@ class EvaluationPhases:
     def _online_phase(self, out: PalbertOutput, plain, t_eval: float) -> None:
         """Examples leave the batch as they exit; the result must agree with the offline rule."""
         ecfg, sel = self.cfg.eval, self.select_rule
-        regression = self.model.config.is_regression
+        regression = self.run.model.config.is_regression
         batches = list(padded_batches(self.dev_ids, self.dev_y, 32, self.tokenizer.pad_id))
         bar = self._bar(len(batches), f"online {RULE_NAMES[sel]}")
         try:
@@ -187,7 +188,7 @@ class EvaluationPhases:
         finally:
             bar.close()
         off_outputs, off_idx = offline_exit(out, sel, q=ecfg.q, patience=ecfg.patience, regression=regression,
-                                            regression_threshold=self.model.config.pabee_regression_threshold)
+                                            regression_threshold=self.run.model.config.pabee_regression_threshold)
         online = {
             "rule": sel, "batch_size": 32,
             "metrics": glue_metrics(self.spec.name, predictions_from_outputs(online_out, regression).numpy(),
@@ -224,7 +225,7 @@ class EvaluationPhases:
         self._phase_done("timing", t_eval)
 
     def _results_base(self) -> dict[str, Any]:
-        c = self.model.config
+        c = self.run.model.config
         return {
             "task": self.spec.name, "main_metric": self.spec.main_metric, "method": c.palbert_method,
             "num_passes": self.cfg.model.passes, "core_mode": c.mode, "init": self.init,
@@ -241,13 +242,13 @@ class EvaluationPhases:
         }
 
     def _update_train_results(self) -> None:
-        done = self.train_done()
+        done = self.run.train_done()
         self.results["train"] = {
-            "steps": self.step, "total_steps": self.total_steps, "steps_per_epoch": self.steps_per_epoch,
+            "steps": self.run.step, "total_steps": self.run.total_steps, "steps_per_epoch": self.steps_per_epoch,
             "best_step": self.best_step, "best_dev_main": self.best_score, "stopped_early": self.stopped_early,
-            "seconds": self.train_seconds, "world_size": self.world_size, "history": self.history,
+            "seconds": self.train_seconds, "world_size": self.run.world_size, "history": self.history,
             "checkpoint_dir": str(self.ckpt_dir),
-            "resumed_from": str(self.resume_dir) if self.resume_dir is not None else None}
+            "resumed_from": str(self.run.resume_dir) if self.run.resume_dir is not None else None}
         if done and "train" not in self.results["phases"]:
             self.results["phases"].append("train")
         self._write_results()
@@ -256,12 +257,12 @@ class EvaluationPhases:
         self.results["phases"].append(phase)
         self.results["eval_seconds"] = time.perf_counter() - t_eval
         self._write_results()
-        self.sink.log({"kind": "event", "step": self.step, "event": "phase_done", "phase": phase},
-                      f"{phase} phase done: {self.out_dir / 'results.json'}")
+        self.run.sink.log({"kind": "event", "step": self.run.step, "event": "phase_done", "phase": phase},
+                          f"{phase} phase done: {self.out_dir / 'results.json'}")
 
     def _write_results(self) -> None:
         """Rank 0: results.json (and results.md once the dev phase is done), each replaced atomically."""
-        if self.rank != 0:
+        if self.run.rank != 0:
             return
         text = json.dumps(self.results, indent=2, default=float) + "\n"
         atomic_write(self.out_dir / "results.json", text.encode("utf-8"))

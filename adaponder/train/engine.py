@@ -1,7 +1,8 @@
 """The one training loop: :func:`fit` trains pretraining (:mod:`.trainer`) and GLUE fine-tuning
 (:mod:`adaponder.palbert.finetune`) alike, from the parts a task hands it as a :class:`TrainingLoop` (plain
 functions: where the batches come from, what is said first, what follows the last step), on a run set up by the
-run harness (:class:`~.harness.RunHarness`: process group, checkpoints, stops, the step itself).
+run harness (:class:`~.harness.RunHarness`: process group, checkpoints, stops, the step itself), which each task
+composes from its own parts (:class:`~.task_spec.TaskSpec`).
 """
 
 from __future__ import annotations

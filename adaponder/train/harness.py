@@ -9,8 +9,9 @@ engine, loads the checkpoint or seeds a fresh run, opens the metrics sink and in
 (:func:`.engine.fit`, given the task's :class:`~.engine.TrainingLoop`) runs; :meth:`RunHarness.save` and the resume load are the checkpoint
 paths of both tasks; :meth:`RunHarness.session` closes a run (signals, sink, locks, the process group).
 
-A task subclasses :class:`RunHarness` and supplies the hooks below the line "hooks" (build the data and the model,
-one training step, what the checkpoint records and how it is restored, which model-config keys are structural).
+A task does not subclass it: it composes a run from its parts, a :class:`~.task_spec.TaskSpec` of plain callables
+(build the data and the model, one training step, what the checkpoint records and how it is restored, which
+model-config keys are structural), and keeps the run (``self.run``) to read its step, rank, sink and engine.
 """
 
 from __future__ import annotations
@@ -28,35 +29,30 @@ from .checkpoint import (CheckpointError, CheckpointManager, find_resume, has_ch
                          set_rng_state, validate)
 from .distributed import create_engine, destroy_at_exit, init_distributed, lock_on_rank0
 from .finite_weights import module_weights_problem
-from .resume_checks import OptimizerValues, ResumeReview, log_review, reconcile_optimizer, review_resume
+from .resume_checks import ResumeReview, log_review, reconcile_optimizer, review_resume
 from .stopping import install_stop_signals, restore_signals, saved_and_stopped, stop_at_step
+from .task_spec import TaskSpec
 
 
 class RunHarness:
-    """One run of a task: set-up, the step loop, checkpoints, stops and shutdown. The task's typed config
-    ``self.cfg`` has ``train.seed``, ``train.stop_at``, ``train.allow_data_change``, ``train.allow_optim_change``,
-    ``checkpoint.keep``, ``logging`` and ``deepspeed.zero_stage``; the task names its folders (:meth:`run_folders`),
-    sets ``total_steps`` and builds ``model`` (and, through :meth:`start_engine`, ``engine`` and ``opt``)."""
+    """One run of a task, composed from the task's parts (``spec``): set-up, the step loop, checkpoints, stops and
+    shutdown. The task's typed config ``cfg`` has ``train.seed``, ``train.stop_at``, ``train.allow_data_change``,
+    ``train.allow_optim_change``, ``checkpoint.keep``, ``logging`` and ``deepspeed.zero_stage``. The spec names the
+    folders and builds the model (and what :meth:`start_engine` makes ``engine`` and ``opt`` of); the task sets
+    ``total_steps`` once its plan or its data says it."""
 
-    #: Model-config fields that a checkpoint and the resuming run must agree on.
-    structural_keys: tuple[str, ...] = ()
-    #: What the run folder is called in a refusal (``run folder``, ``--output folder``).
-    folder_name = "run folder"
-    #: The way out offered to a fresh run whose checkpoint folder already holds checkpoints.
-    other_folder_hint = "choose another output folder / checkpoint.dir"
-
-    cfg: Any
     out_dir: Path
     ckpt_dir: Path
     total_steps: int
 
-    def __init__(self, resume: str | None):
+    def __init__(self, spec: TaskSpec, cfg: Any, resume: str | None):
+        self.spec, self.cfg = spec, cfg
         self.resume_arg = resume
         self.stop_signal: int | None = None  # a signal this rank received
         self.launcher_gone = False  # a launcher process above this rank is gone (stops as on SIGTERM)
         self.step = 0
-        self._last_saved: int | None = None
-        self._last_saved_path: Path | None = None
+        self.last_saved: int | None = None  # the step of the checkpoint last saved or resumed from
+        self.last_saved_path: Path | None = None
         self.locks: list[Any] = []
         self.resume_dir: Path | None = None
         self.resume_state: dict[str, Any] | None = None
@@ -66,37 +62,39 @@ class RunHarness:
     # ---- set-up -------------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Collective: everything before the first step, in the order every task needs."""
+        spec = self.spec
         self.open_run()
-        self.prepare()
+        spec.prepare()
         files_verified = self.resolve_resume()
-        self.build_data()
-        self.build_model()
-        self.compat = self.compatibility()
-        self.data_identity = self.data_record()
+        spec.build_data()
+        self.model = spec.build_model()
+        spec.open_data()
+        self.compat = spec.compatibility()
+        self.data_identity = spec.data_record()
         self.check_resume(files_verified)
-        self.build_engine()
+        self.start_engine(*spec.build_engine())
         self.ckpt = CheckpointManager(self.ckpt_dir, self.cfg.checkpoint.keep, self.rank, self.world_size)
-        self.init_counters()
+        spec.init_counters()
         if self.resume_dir is not None:
             self.load_checkpoint(self.resume_dir)
             self.review.optimizer = reconcile_optimizer(self.resume_dir, self.opt.param_groups,
-                                                        self.optimizer_values(), self.cfg.train.allow_optim_change)
+                                                        spec.optimizer_values(), self.cfg.train.allow_optim_change)
         else:
             seed_everything(self.cfg.train.seed + self.rank)  # dropout differs between ranks; weights do not
         self.write_run_files()
         self.sink = M.MetricsSink(self.out_dir, self.cfg.logging, self.rank,
-                                  self.step if self.resume_dir else None, self.run_info())
+                                  self.step if self.resume_dir else None, {**self.cfg.to_dict(), **spec.run_info()})
         log_review(self.sink.log, self.step, self.review)
-        self.after_setup()
+        spec.after_setup()
         self.install_signals()
 
     def open_run(self) -> None:
         """The process group, then one job per run folder and per checkpoint folder, held until the process exits:
         a second job stops here, before reading anything. The checkpoint folder may be named by another run
         (``checkpoint.dir``), so it is locked on its own whenever it is not the run folder itself."""
-        self.out_dir, self.ckpt_dir = self.run_folders()
+        self.out_dir, self.ckpt_dir = self.spec.folders()
         self.rank, self.local_rank, self.world_size = init_distributed()
-        self.locks.append(lock_on_rank0(self.out_dir, self.rank, self.folder_name))
+        self.locks.append(lock_on_rank0(self.out_dir, self.rank, self.spec.folder_name))
         if self.ckpt_dir.resolve() != self.out_dir.resolve():
             self.locks.append(lock_on_rank0(self.ckpt_dir, self.rank, "checkpoint folder"))
 
@@ -109,7 +107,7 @@ class RunHarness:
         if self.resume_dir is None and self.resume_arg in (None, "none") and has_checkpoint(self.ckpt_dir):
             raise CheckpointError(
                 f"{self.ckpt_dir} already holds checkpoints (latest: {read_latest(self.ckpt_dir)}); "
-                f"continue with --resume auto, or {self.other_folder_hint}")
+                f"continue with --resume auto, or {self.spec.other_folder_hint}")
         return files_verified
 
     def check_resume(self, files_verified: bool) -> None:
@@ -119,8 +117,8 @@ class RunHarness:
         if self.resume_dir is None:
             return
         self.resume_state = validate(self.resume_dir, self.compat, check_files=not files_verified)
-        self.check_task_resume()
-        reported = self.reported_keys() | set(self.optimizer_values().keys)
+        self.spec.check_task_resume()
+        reported = self.spec.reported_keys() | set(self.spec.optimizer_values().keys)
         self.review = review_resume(self.cfg, self.resume_dir, self.resume_state, self.data_identity, reported)
         saved_world_size = int(self.resume_state.get("world_size", self.world_size))
         self.reshard = saved_world_size != self.world_size and self.cfg.deepspeed.zero_stage >= 1
@@ -128,7 +126,7 @@ class RunHarness:
     def model_compat(self) -> dict[str, Any]:
         """The structural fields of the model's config, as a checkpoint records them."""
         c = self.model.config
-        return {k: getattr(c, k, None) for k in self.structural_keys}
+        return {k: getattr(c, k, None) for k in self.spec.structural_keys}
 
     def start_engine(self, optimizer: Any, ds_config: dict[str, Any]) -> None:
         """The DeepSpeed engine of ``self.model`` (which becomes the engine's module)."""
@@ -152,13 +150,14 @@ class RunHarness:
     def save(self, force: bool = False) -> Path:
         """Collective. A checkpoint of this step, unless one was saved at it already (``force``: write it again,
         e.g. after an evaluation that changed what the checkpoint records)."""
-        if not force and self._last_saved == self.step and self._last_saved_path is not None:
-            return self._last_saved_path  # nothing new since (e.g. a signal right after a resume)
-        self.before_save()
-        rank_state = {**self.rank_state(), "rng": rng_state(), "step": self.step}
+        if not force and self.last_saved == self.step and self.last_saved_path is not None:
+            return self.last_saved_path  # nothing new since (e.g. a signal right after a resume)
+        self.spec.before_save()
+        rank_state = {**self.spec.rank_state(), "rng": rng_state(), "step": self.step}
         try:
-            path = self.ckpt.save(self.engine, self.step, rank_state=rank_state, trainer_state=self.checkpoint_state(),
-                                  model_config=self.model.config.to_dict(), protect=self.protected_tags())
+            path = self.ckpt.save(self.engine, self.step, rank_state=rank_state,
+                                  trainer_state=self.spec.checkpoint_state(), model_config=self.model.config.to_dict(),
+                                  protect=self.spec.protected_tags())
         except CheckpointError as err:
             with contextlib.suppress(OutputError):  # (the same full disk may refuse the event too)
                 self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint_failed", "message": str(err),
@@ -166,7 +165,7 @@ class RunHarness:
             raise
         self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
                       f"checkpoint saved: {path}")
-        self._last_saved, self._last_saved_path = self.step, path
+        self.last_saved, self.last_saved_path = self.step, path
         return path
 
     def load_checkpoint(self, tag_dir: Path) -> None:
@@ -176,7 +175,7 @@ class RunHarness:
         # A rank that the checkpoint has no file for reads rank 0's (the task's rank state must allow that);
         # checked before the (possibly long) re-sharding.
         rank_state, own = self.ckpt.read_rank_state(tag_dir, saved_world_size)
-        self.restore_rank_state(rank_state, tag_dir)
+        self.spec.restore_rank_state(rank_state, tag_dir)
         if self.reshard and self.rank == 0:
             M.write_console(f"{tag_dir} was written by {saved_world_size} rank(s), this run has "
                             f"{self.world_size}: re-sharding the ZeRO-{self.cfg.deepspeed.zero_stage} optimizer state "
@@ -186,14 +185,14 @@ class RunHarness:
         if bad_weights:
             raise CheckpointError(f"cannot resume from {tag_dir}: its weights are not all finite ({bad_weights})")
         self.step = int(st["step"])
-        self.restore_state(st)
+        self.spec.restore_state(st)
         if own:
             set_rng_state(rank_state["rng"])
         else:  # a rank the checkpoint has no RNG state for: its own stream, from (seed, rank, step)
             seed_everything(self.cfg.train.seed + self.rank + 1_000_003 * self.step)
-        self._last_saved, self._last_saved_path = self.step, tag_dir
+        self.last_saved, self.last_saved_path = self.step, tag_dir
         if self.rank == 0:
-            M.write_console(f"resumed from {tag_dir} at step {self.step}{self.resumed_note()}")
+            M.write_console(f"resumed from {tag_dir} at step {self.step}{self.spec.resumed_note()}")
 
     # ---- stop signals and stops ---------------------------------------------------------------------------
     def install_signals(self) -> None:
@@ -235,12 +234,20 @@ class RunHarness:
             raise stop_at_step(self.save(), self.step, self.sink.log)
 
     # ---- the step loop --------------------------------------------------------------------------------------
+    def train_done(self) -> bool:
+        """The last step is done, or the task ended its training early."""
+        return self.step >= self.total_steps or self.spec.done_early()
+
+    def after_step(self) -> None:
+        """What is due after a step that did not stop the run (the task's)."""
+        self.spec.after_step()
+
     def run_steps(self, batches: Any, bar: Any) -> None:
         """Steps until :meth:`train_done`: one step, its record, a stop if one was asked for, what is due after."""
         while not self.train_done():
-            res = self.train_step(batches)
+            res = self.spec.train_step(batches)
             self.step += 1
-            self.record_step(res, bar)
+            self.spec.record_step(res, bar)
             self.stop_if_asked(res)
             self.after_step()
 
@@ -271,89 +278,6 @@ class RunHarness:
             self.close()
             if together:
                 destroy_at_exit()
-
-    # ---- hooks ------------------------------------------------------------------------------------------------
-    def run_folders(self) -> tuple[Path, Path]:
-        """``(run folder, checkpoint folder)``."""
-        raise NotImplementedError
-
-    def prepare(self) -> None:
-        """After the process group and the locks, before anything is read (threads, device, plan)."""
-
-    def build_data(self) -> None:
-        raise NotImplementedError
-
-    def build_model(self) -> None:
-        raise NotImplementedError
-
-    def compatibility(self) -> dict[str, Any]:
-        """What a checkpoint and the resuming run must agree on (:func:`~.checkpoint.validate`)."""
-        raise NotImplementedError
-
-    def data_record(self) -> dict[str, Any]:
-        """The run's data as a checkpoint records it (role → fingerprint, path, split)."""
-        raise NotImplementedError
-
-    def check_task_resume(self) -> None:
-        """The task's own checks of ``self.resume_state`` (raise :class:`~.checkpoint.CheckpointError`)."""
-
-    def reported_keys(self) -> set[str]:
-        """Config keys that the task's own resume checks report (left out of the list of changed settings)."""
-        return set()
-
-    def optimizer_values(self) -> OptimizerValues:
-        """The optimizer hyper-parameters that the checkpoint's optimizer state would silently bring back."""
-        raise NotImplementedError
-
-    def build_engine(self) -> None:
-        """The optimizer and the DeepSpeed config, then :meth:`start_engine`."""
-        raise NotImplementedError
-
-    def init_counters(self) -> None:
-        """The task's state of a fresh run (a resume then overwrites it)."""
-
-    def after_setup(self) -> None:
-        """The last of the set-up, with the sink open."""
-
-    def run_info(self) -> dict[str, Any]:
-        return self.cfg.to_dict()
-
-    def before_save(self) -> None:
-        """Just before a checkpoint is written."""
-
-    def rank_state(self) -> dict[str, Any]:
-        """This rank's own state in the checkpoint beyond its RNG and the step."""
-        return {}
-
-    def restore_rank_state(self, rank_state: dict[str, Any], tag_dir: Path) -> None:
-        """This rank's own state back, before the engine's are loaded."""
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What ``trainer_state.json`` records beyond the step and the files."""
-        raise NotImplementedError
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        """The task's state back from ``trainer_state.json`` (the step is restored already)."""
-
-    def protected_tags(self) -> tuple[str, ...]:
-        """Checkpoints that rotation must keep (the best one of a fine-tuning run)."""
-        return ()
-
-    def resumed_note(self) -> str:
-        return ""
-
-    def train_done(self) -> bool:
-        return self.step >= self.total_steps
-
-    def train_step(self, batches: Any) -> dict[str, Any]:
-        """One optimizer step; the result holds ``stop`` and ``launcher_gone`` (all-reduced over the ranks)."""
-        raise NotImplementedError
-
-    def record_step(self, res: dict[str, Any], bar: Any) -> None:
-        """After ``self.step`` was advanced: counters, progress bar, the train record."""
-
-    def after_step(self) -> None:
-        """What is due after a step that did not stop the run (evaluation, a periodic checkpoint)."""
 
 
 __all__ = ["RunHarness"]
