@@ -16,8 +16,9 @@ PIP="$VENV/bin/pip"
 "$PIP" install -q --upgrade pip 2>/dev/null || true
 echo "== setup: installing $TORCH_SPEC into $VENV (a minute or two on a first run)"
 "$PIP" install -q "$TORCH_SPEC"
-# Pin whichever torch is now installed, so the rest resolves against it.
-"$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-constraint.txt"
+# Pin whichever torch is now installed, so the rest resolves against it. (NumPy comes with the next install: torch
+# would warn here that it cannot find it.)
+"$VENV/bin/python" -W ignore::UserWarning -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-constraint.txt"
 echo "== setup: installing adaponder (editable) with transformers, DeepSpeed, lm-eval and the test tools (a minute or two)"
 "$PIP" install -q -c "$VENV/torch-constraint.txt" -e ".[dev]"
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
