@@ -105,3 +105,32 @@ def test_cli_argument_building():
     assert "--include_path" in argv
     argv = build_argv(["--model", "hf", "--model_args", "pretrained=X", "--include_path", "p"])
     assert argv[argv.index("--model") + 1] == "hf" and argv.count("--include_path") == 1
+
+
+def test_adaponder_model_runs_q_exit_and_the_calibrated_consistency_exit(tmp_path_factory, task_manager):
+    """lm-eval with each exit rule that reads the model's heads (docs/method.md A21, A23): ``exit_rule=q-exit``
+    stops every token where the halting heads' exit distribution first passes q; ``exit_rule=consistency`` reads
+    the threshold that ``adaponder calibrate`` wrote next to the checkpoint."""
+    import adaponder.evaluation.lm_eval_model  # noqa: F401  (registers "adaponder")
+    from helpers_evaluation import WIKITEXT, tiny_model, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("heads") / "ponderlm-heads"
+    tiny_model(mode="ponderlm", halting_heads=True, consistency_heads=True).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    # untrained halting heads: λ = 0.1 each pass, so Σ p = 0.1, 0.19, 0.271: q = 0.15 stops every token after pass 2
+    res = _run("adaponder", f"checkpoint={path},exit_rule=q-exit,q=0.15", task_manager)
+    info = res["config"]["adaponder"]
+    assert info["settings"]["exit_rule"] == "q-exit" and info["settings"]["q"] == 0.15
+    assert info["scored"]["exit_histogram"] == [0, info["scored"]["tokens"], 0, 0]
+    with pytest.raises(Exception, match="adaponder calibrate"):  # no calibration yet: one clear error
+        _run("adaponder", f"checkpoint={path},exit_rule=consistency", task_manager)
+    out = subprocess.run([sys.executable, "-m", "adaponder.cli.main", "calibrate", str(path), "--data", str(WIKITEXT),
+                          "--split", "val", "--max-tokens", "2048", "--window", "32", "--delta", "0.05"],
+                         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    calibration = json.loads((path / "exit_calibration.json").read_text())
+    assert calibration["delta"] == 0.05 and calibration["windows"] > 0
+    res = _run("adaponder", f"checkpoint={path},exit_rule=consistency", task_manager)
+    settings = res["config"]["adaponder"]["settings"]
+    assert settings["exit_rule"] == "consistency"
+    assert settings["consistency_threshold"] == calibration["threshold"]

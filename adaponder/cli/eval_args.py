@@ -44,7 +44,12 @@ def add_recurrence_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tau", "--halting-threshold", dest="tau", type=float, default=None,
                    help="τ of A6 (default: 1e-4)")
     g.add_argument("--exit-rule", choices=EXIT_RULES, default="learned",
-                   help="learned gates, or fixed pruning with a uniform/geometric exit histogram")
+                   help="learned gates; q-exit (per token on the halting heads); consistency (the consistency heads "
+                        "at the threshold `adaponder calibrate` wrote next to the checkpoint); or fixed pruning with a "
+                        "uniform/geometric exit histogram")
+    g.add_argument("--q", type=float, default=0.5, help="q of Q-exit: stop once Σ p_j > q (default 0.5)")
+    g.add_argument("--consistency-threshold", type=float, default=None,
+                   help="the consistency exit's threshold (default: the checkpoint's calibration)")
     g.add_argument("--target-mean-exit", type=float, default=None,
                    help="mean exit pass for fixed pruning (default: the learned policy's on the same data)")
     g.add_argument("--seed", type=int, default=0, help="seed of fixed pruning's random subsets")

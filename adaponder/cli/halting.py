@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
     scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
-                             pad_id=codec.pad_id, progress=True, settings=settings.run_settings())
+                             pad_id=codec.pad_id, progress=True, settings=settings.run_settings(model))
     write_token_dump(scores, tok, args.dump, docs)
     print(f"per-token dump: {args.dump} ({len(scores)} tokens)")
     print("| exit pass | tokens | fraction | mean NLL | perplexity |\n|---:|---:|---:|---:|---:|")

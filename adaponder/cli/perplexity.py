@@ -24,6 +24,7 @@ from adaponder.modeling import AdaPonderConfig
 from adaponder.modeling.input_checks import context_note, context_tokens
 from adaponder.evaluation.perplexity import (TABLE_HEADER, check_vocab, format_row, score_documents,
                                              summarize_by_source)
+from adaponder.evaluation.pruning import FIXED_RULES
 from adaponder.evaluation.settings import load_for_eval, load_tokenizer_for, settings_of
 from adaponder.evaluation.token_dump import write_token_dump
 
@@ -54,12 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               pad_id=codec.pad_id, progress=True)
     learned = settings_of(model, args.checkpoint, tau=args.tau)
     target = args.target_mean_exit
-    if args.exit_rule != "learned" and target is None:
+    if args.exit_rule in FIXED_RULES and target is None:
         target = float(score_documents(model, docs, settings=learned.run_settings(), **kw).exit_pass.mean())
         print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
-    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed, tau=args.tau)
+    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed, tau=args.tau, q=args.q,
+                           consistency_threshold=args.consistency_threshold)
     print(settings.banner())
-    scores = score_documents(model, docs, settings=settings.run_settings(), **kw)
+    scores = score_documents(model, docs, settings=settings.run_settings(model), **kw)
     if scores.meta["packing"] == "stream":
         print(f"  packed stream (training validation's windows): window {docs[0].packed_window}, no overlap")
     else:

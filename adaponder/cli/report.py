@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pad_id=codec.pad_id)
 
     print(f"[adaponder-report] scoring {sum(len(d) for d in docs)} tokens in {len(docs)} documents", flush=True)
-    scores = score_documents(model, docs, settings=settings.run_settings(), **score_kw)
+    scores = score_documents(model, docs, settings=settings.run_settings(model), **score_kw)
     window, stride = scores.meta["window"], scores.meta["stride"]
     by_source = summarize_by_source(scores, docs, model)
     learned = summarize(scores, docs, model)

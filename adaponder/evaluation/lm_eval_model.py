@@ -18,9 +18,12 @@ Model arguments (``--model_args k=v,...``):
   ``revision`` (branch, tag or commit) resolved through the Hugging Face cache as ``init.backbone`` is.
 * ``passes``: K to run (default: the checkpoint's; at most the trained K for gated models).
 * ``tau``: τ of A6 (default: 1e-4).
-* ``exit_rule``: ``learned`` (the gates) or fixed pruning ``uniform`` / ``geometric`` (docs/method.md (a),
-  baselines) with mean exit pass ``target_mean_exit``; without it, the learned policy's mean exit pass on
-  ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus) is used and printed.
+* ``exit_rule``: ``learned`` (the gates); ``q-exit`` (token-level Q-exit on the halting heads, A21 / B9, at
+  ``q``, default 0.5); ``consistency`` (the consistency heads, A23, at ``consistency_threshold``, default the
+  calibration ``adaponder calibrate`` wrote next to the checkpoint); or fixed pruning ``uniform`` /
+  ``geometric`` (docs/method.md (a), baselines) with mean exit pass ``target_mean_exit``; without it, the learned
+  policy's mean exit pass on ``calibration_tokens`` tokens of ``calibration_data`` (default: the bundled corpus)
+  is used and printed.
   In Python, any :class:`~adaponder.modeling.exit_rules.ExitRule` object.
   Every forward of the model (scoring and generation) runs with these settings (``RunSettings``).
 * ``pruning_seed``: seed of the fixed-pruning draws.
@@ -57,6 +60,7 @@ from adaponder.modeling.input_checks import context_tokens
 
 from .accounting import ONE_PASS_BASELINE, flops_summary
 from .perplexity import load_documents, score_documents
+from .pruning import FIXED_RULES
 from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SpeculativeConfig
@@ -98,7 +102,8 @@ class AdaPonderLM(HFLM):
     def __init__(self, checkpoint: str | None = None, pretrained=None, passes=None, tau=None,
                  exit_rule: str | ExitRule = "learned", target_mean_exit=None, pruning_seed=0,
                  calibration_data: str | None = None, calibration_tokens=4096, batch_size=1, dtype="auto",
-                 device: str | None = None, speculative_draft_tokens=None, speculative_draft_passes=1, **kwargs):
+                 device: str | None = None, speculative_draft_tokens=None, speculative_draft_passes=1, q=0.5,
+                 consistency_threshold=None, **kwargs):
         ckpt = checkpoint if checkpoint is not None else pretrained
         if ckpt is None:
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
@@ -133,11 +138,13 @@ class AdaPonderLM(HFLM):
             self.settings.exit_rule = repr(exit_rule)
             self.run_settings = RunSettings(tau=self.settings.tau, exit_rule=exit_rule)
         else:
-            if exit_rule != "learned" and target is None:
+            if exit_rule in FIXED_RULES and target is None:
                 self.run_settings = RunSettings() if tau is None else RunSettings(tau=tau)
                 target = self._calibrate(calibration_data, int(calibration_tokens))
-            self.settings = settings_of(model, self.checkpoint, exit_rule, target, self.pruning_seed, tau=tau)
-            self.run_settings = self.settings.run_settings()
+            self.settings = settings_of(model, self.checkpoint, exit_rule, target, self.pruning_seed, tau=tau,
+                                        q=_as_float(q, "q"),
+                                        consistency_threshold=_as_float(consistency_threshold, "consistency_threshold"))
+            self.run_settings = self.settings.run_settings(model)
         self.target_mean_exit = target
         print(self.settings.banner(), flush=True)
         self.reset_halting_stats()

@@ -22,14 +22,18 @@ from adaponder.data import load_tokenizer
 from adaponder.errors import UsageError
 from adaponder.hub import checkpoint_source
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
-from adaponder.modeling.exit_rules import ExitRule
+from adaponder.modeling.exit_rules import ConsistencyExit, ExitRule, QExit
 from adaponder.modeling.run_settings import DEFAULT_TAU, RunSettings
 from adaponder.train.finite_weights import NonFiniteWeightsError, first_nonfinite
 
+from .exit_calibration import load_calibration
 from .pruning import FIXED_RULES, make_policy
 
-#: ``learned`` (the gates, A6) or a fixed-pruning rule (:data:`.pruning.FIXED_RULES`).
-EXIT_RULES = ("learned", *FIXED_RULES)
+#: ``learned`` (the gates, A6), token-level Q-exit on the halting heads (A21, B9), the calibrated consistency exit
+#: (A23) or a fixed-pruning rule (:data:`.pruning.FIXED_RULES`).
+EXIT_RULES = ("learned", "q-exit", "consistency", *FIXED_RULES)
+#: Rules that read heads of the model (built with it: :meth:`RecurrenceSettings.run_settings`).
+HEAD_RULES = ("q-exit", "consistency")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
@@ -66,6 +70,9 @@ class RecurrenceSettings:
     pruning_seed: int = 0
     dtype: str = "float32"
     device: str = "cpu"
+    q: float = 0.5
+    consistency_threshold: float | None = None
+    calibration: str | None = None  # where the consistency threshold came from
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,6 +81,11 @@ class RecurrenceSettings:
         rule = self.exit_rule
         if rule not in EXIT_RULES:  # an exit rule object given in Python: its repr
             pass
+        elif rule == "q-exit":
+            rule += f" (per token on the halting heads, A21/B9: stop once Σ p_j > q = {self.q:g})"
+        elif rule == "consistency":
+            rule += (f" (consistency heads, A23: stop once P(pass i's greedy = pass K's) > {self.consistency_threshold:.6g}"
+                     f"; {self.calibration or 'threshold given'})")
         elif rule != "learned":
             rule += f" (fixed pruning, target mean exit pass {self.target_mean_exit:.4f}, seed {self.pruning_seed})"
         else:
@@ -87,8 +99,12 @@ class RecurrenceSettings:
             f"dtype: {self.dtype}, device: {self.device}",
         ]
 
-    def run_settings(self) -> RunSettings:
-        """The :class:`RunSettings` of the scoring calls: τ and, for fixed pruning, a freshly seeded rule."""
+    def run_settings(self, model=None) -> RunSettings:
+        """The :class:`RunSettings` of the scoring calls: τ and, for fixed pruning, a freshly seeded rule; the rules
+        that read the model's heads (Q-exit, the consistency exit) need the ``model``."""
+        if self.exit_rule in HEAD_RULES:
+            return RunSettings(tau=self.tau, exit_rule=head_rule(model, self.exit_rule, self.q,
+                                                                 self.consistency_threshold))
         rule = make_policy(self.exit_rule, self.passes, self.target_mean_exit, self.pruning_seed)
         return RunSettings(tau=self.tau, exit_rule=rule)
 
@@ -132,16 +148,52 @@ def check_exit_rule(exit_rule: str | ExitRule) -> None:
         raise ValueError(f"exit_rule must be one of {', '.join(EXIT_RULES)}; got {exit_rule!r}")
 
 
+def head_rule(model, exit_rule: str, q: float = 0.5, threshold: float | None = None) -> ExitRule:
+    """The exit rule object of ``q-exit`` (on the model's halting heads) or ``consistency`` (its consistency heads at
+    ``threshold``); a clear error for a model without those heads."""
+    if model is None:
+        raise ValueError(f"exit rule {exit_rule!r} reads the model's heads: pass the model")
+    if exit_rule == "q-exit":
+        if getattr(model, "halting_heads", None) is None:
+            raise UsageError(f"exit rule 'q-exit' needs halting heads (a model trained with halting_heads: true, "
+                             f"docs/method.md A21); this {model.config.mode} model has none")
+        if not 0.0 <= float(q) <= 1.0:
+            raise UsageError(f"q (the Q-exit threshold, B9) must lie in [0, 1], got {q}")
+        return QExit(float(q), head=model.halting_heads)
+    if getattr(model, "consistency_heads", None) is None:
+        raise UsageError("exit rule 'consistency' needs consistency heads (a model trained with consistency_heads: "
+                         f"true, docs/method.md A23); this {model.config.mode} model has none")
+    if threshold is None:
+        raise UsageError("exit rule 'consistency' needs its calibrated threshold (adaponder calibrate, or give one)")
+    return ConsistencyExit(float(threshold), model.consistency_heads)
+
+
 def settings_of(model, checkpoint: str, exit_rule: str = "learned", target_mean_exit: float | None = None,
-                pruning_seed: int = 0, tau: float | None = None) -> RecurrenceSettings:
-    """The settings an evaluation of ``model`` runs with; ``tau`` None: :data:`DEFAULT_TAU` (checked, A6)."""
+                pruning_seed: int = 0, tau: float | None = None, q: float = 0.5,
+                consistency_threshold: float | None = None) -> RecurrenceSettings:
+    """The settings an evaluation of ``model`` runs with; ``tau`` None: :data:`DEFAULT_TAU` (checked, A6). The
+    consistency exit's threshold, when not given, is the calibration written next to the checkpoint
+    (``adaponder calibrate``)."""
     check_exit_rule(exit_rule)
     cfg = model.config
+    calibration = None
+    if exit_rule == "consistency" and consistency_threshold is None:
+        try:
+            found = load_calibration(checkpoint)
+        except FileNotFoundError as err:
+            raise UsageError(str(err)) from None
+        consistency_threshold = float(found["threshold"])
+        calibration = (f"calibrated to δ = {found['delta']:g} at confidence {found['confidence']:g} on "
+                       f"{found['windows']} windows of split {found['split']!r}")
+    if exit_rule in HEAD_RULES:
+        head_rule(model, exit_rule, q, consistency_threshold)  # refused here, before any scoring, if it cannot run
     return RecurrenceSettings(
         checkpoint=str(checkpoint), mode=cfg.mode, passes=int(cfg.passes), trained_passes=trained_passes(model),
         tau=RunSettings(tau=DEFAULT_TAU if tau is None else tau).tau, exit_rule=exit_rule,
         target_mean_exit=None if target_mean_exit is None else float(target_mean_exit),
         pruning_seed=int(pruning_seed), dtype=str(model.dtype).removeprefix("torch."), device=str(model.device),
+        q=float(q), consistency_threshold=None if consistency_threshold is None else float(consistency_threshold),
+        calibration=calibration,
     )
 
 
@@ -200,5 +252,5 @@ def require_finite_weights(model, checkpoint: str | os.PathLike) -> None:
                                     "with them (export an earlier training checkpoint)")
 
 
-__all__ = ["EXIT_RULES", "RecurrenceSettings", "check_exit_rule", "load_for_eval",
+__all__ = ["EXIT_RULES", "HEAD_RULES", "head_rule", "RecurrenceSettings", "check_exit_rule", "load_for_eval",
            "load_tokenizer_for", "parse_dtype", "recurrence_overrides", "require_finite_weights", "require_readable_weights", "settings_of", "trained_passes"]

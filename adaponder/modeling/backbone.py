@@ -23,6 +23,7 @@ from transformers.models.gpt_neox.modeling_gpt_neox import (GPTNeoXAttention, GP
 
 from .attention import attention_for
 from .configuration_adaponder import AdaPonderConfig
+from .pass_heads import DraftHead, PassHeads
 from .pass_step import GateOutput, SkinnyLinear
 
 
@@ -68,6 +69,13 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         cfg = self.config
+        draft = getattr(self, "draft_head", None)
+        if draft is not None and any(module is m for m in draft.modules()):  # its own recipe, whichever part is visited
+            draft.reset_parameters(cfg.initializer_range)
+            return
+        if isinstance(module, PassHeads):
+            module.reset_parameters(cfg.initializer_range)
+            return
         if isinstance(module, GateOutput):
             # s ≈ 1 at start (A5): gates begin by letting every token ponder. (``hf_init`` skips
             # tensors loaded from a checkpoint.)

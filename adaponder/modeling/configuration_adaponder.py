@@ -68,6 +68,12 @@ class AdaPonderConfig(GPTNeoXConfig):
         init: weight initialisation of a from-scratch model (A20): ``hf`` (transformers' N(0, 0.02)) or
             ``pythia`` (GPT-NeoX small_init / wang_init; PonderLM's depth- and pass-scaled truncated
             normal for the pondering modes). Checkpoint loading never re-initialises loaded weights.
+        halting_heads: a per-token halting probability λ_i per pass (A21; ``ponderlm`` and ``loop``), trained by
+            the PonderNet exit-distribution loss (``schedule.per_pass``) and read by token-level Q-exit.
+        consistency_heads: a per-pass head predicting "pass i's greedy token is the full model's" (A23), trained on
+            detached states and read by the calibrated consistency exit.
+        draft_head: a head on pass 1's state that predicts the full model's distribution (A24), trained with the
+            gradient stopped at the backbone; self-speculative decoding drafts with it.
         passes: K, the number of passes. ``None`` = the mode's default (1 for vanilla, 4 otherwise).
         input_scale: c of A1 (``E⁰ = c·Ẽ[x]``). PonderLM's recipe: 1 for 70M/160M, K−1 for 410M and up.
         embedding_multiplier: α of ``Ẽ = α·W_E`` (A1). ``None`` = sqrt(hidden_size) as in A1. Only the
@@ -93,6 +99,9 @@ class AdaPonderConfig(GPTNeoXConfig):
     gate_init_bias: float = 4.0
     pause_tokens: int | None = None
     init: str = "hf"
+    halting_heads: bool = False
+    consistency_heads: bool = False
+    draft_head: bool = False
 
     def __post_init__(self, **kwargs):
         for key in LEGACY_RUN_KEYS:  # run-time settings that older configs held: not the model's any more
@@ -187,7 +196,7 @@ def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
     names = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mode", "passes", "gate_hidden_mult", "gate_activation", "input_scale",
              "embedding_multiplier", "rope_parameters", "max_position_embeddings",
-             "pause_tokens", "init")
+             "pause_tokens", "init", "halting_heads", "consistency_heads", "draft_head")
     return {n: getattr(cfg, n) for n in names}
 
 
@@ -197,7 +206,8 @@ def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
                "max_position_embeddings", "gate_hidden_mult", "passes", "pause_tokens"}
     floats = {"input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
-    bools = {"use_parallel_residual", "tie_word_embeddings", "attention_bias", "use_cache"}
+    bools = {"use_parallel_residual", "tie_word_embeddings", "attention_bias", "use_cache", "halting_heads",
+             "consistency_heads", "draft_head"}
     problems = []
     for key, val in values.items():
         if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):
@@ -229,6 +239,14 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
             problems.append(f"'pause_tokens' is only used by mode 'pause'; got pause_tokens={pauses} with mode {mode!r}")
         elif pauses < 0:
             problems.append(f"'pause_tokens' (P of A19) must be >= 0, got {pauses}")
+    looped = mode in ("ponderlm", "loop", "adaponder") and (not isinstance(passes, int) or passes > 1)
+    for key in ("halting_heads", "consistency_heads", "draft_head"):
+        if v.get(key) is True and not looped:
+            problems.append(f"'{key}' reads the passes of a looped model (ponderlm, loop or adaponder with passes "
+                            f"> 1); got mode {mode!r} with passes={passes}")
+    if v.get("halting_heads") is True and mode == "adaponder":
+        problems.append("'halting_heads' give a model without gates its halting probabilities (A21); mode "
+                        "'adaponder' halts by its gates (A5): use mode 'ponderlm' or 'loop'")
     init = v.get("init", "hf")
     if init not in INIT_SCHEMES:
         problems.append(f"'init' must be one of {', '.join(INIT_SCHEMES)}; got {init!r}")

@@ -20,7 +20,10 @@ class CostAccounting:
         layers = sum(p.numel() for p in self.gpt_neox.layers.parameters())
         layers += sum(p.numel() for p in self.gpt_neox.final_layer_norm.parameters())
         gates = sum(p.numel() for p in self.gates.parameters())
-        return {"embedding": emb, "non_embedding": layers, "gates": gates, "total": emb + layers + gates}
+        heads = sum(p.numel() for name in ("halting_heads", "consistency_heads", "draft_head")
+                    if getattr(self, name, None) is not None for p in getattr(self, name).parameters())
+        return {"embedding": emb, "non_embedding": layers, "gates": gates, "heads": heads,
+                "total": emb + layers + gates + heads}
 
     def flops_per_token(self, exit_pass: torch.Tensor | None = None, context: int | None = None,
                         training: bool = False) -> dict[str, float]:
@@ -30,7 +33,9 @@ class CostAccounting:
         2·2·ctx·d per layer (scores and weighted sum), no causal discount, with ``ctx`` the context
         length (default: ``max_position_embeddings``); layer norms, softmax and rotary are not counted.
         A token with exit pass D costs D backbone passes and D head products (2dV each), D−1 pondering
-        products ``softmax(z)·Ẽ`` (2dV each) and min(D, K−1) gate MLPs. ``training=True`` multiplies
+        products ``softmax(z)·Ẽ`` (2dV each), min(D, K−1) gate MLPs and, per bank of pass heads the model has
+        (halting, consistency: A21, A23), min(D, K−1) products of 2d (the draft head, A24, runs only when
+        drafting and is not counted here). ``training=True`` multiplies
         by 3 (forward + backward). ``exit_pass`` (any shape; padding excluded by the caller) defaults to
         K for every token. Returns the mean per token of each part, their ``total`` and ``mean_passes``.
         ``context`` counts real tokens; in ``pause`` mode (A19) each token occupies P+1 backbone positions,
@@ -55,6 +60,8 @@ class CostAccounting:
             "head": mean_d * 2 * d * V,
             "pondering": pondering,
             "gates": mean_gates * gate_cost,
+            "heads": float(torch.clamp(D, max=K - 1).mean()) * 2 * d * sum(
+                getattr(self, name, None) is not None for name in ("halting_heads", "consistency_heads")),
         }
         mult = 3.0 if training else 1.0
         parts = {k: v * mult for k, v in parts.items()}

@@ -10,7 +10,8 @@ or write the mask themselves.
 
 Rules here: :class:`ThresholdExit` (the paper's gate rule, A6), :class:`NoHalting`, :class:`FixedPruning` (the
 iso-FLOPs control: random subsets with per-pass rates, see ``adaponder.evaluation.pruning`` for the target
-histograms) and :class:`QExit` (PALBERT's Q-exit, B9, per example or per token).
+histograms), :class:`QExit` (PALBERT's Q-exit, B9, per example or per token: on the LM's halting heads, A21) and
+:class:`ConsistencyExit` (the consistency heads' calibrated threshold, A23).
 
 This file travels with saved checkpoints (``auto_map``): standard library and torch only.
 """
@@ -167,9 +168,10 @@ class QExit:
     with ``p_i = λ_i ∏_{j<i}(1 − λ_j)`` (B4). The running survival ``∏(1 − λ_j)`` is the rule's per-element memory,
     added in pass order as :func:`adaponder.palbert.pondernet.q_exit` adds it, so online and offline exits agree.
 
-    Per example (the classifier) λ comes from the model's Lambda layer (``needs`` ``lambda``). Per token (the LM,
-    which has no Lambda layer) give the rule a ``head`` of its own: a module mapping the pass's hidden state
-    ``[..., d]`` to a halting logit ``[..., 1]`` (or ``[...]``); then it needs ``hidden`` instead."""
+    Per example (the classifier) λ comes from the model's Lambda layer (``needs`` ``lambda``). Per token (the LM)
+    give the rule a ``head``: the model's halting heads (``QExit(q, model.halting_heads)``, A21: called with the
+    pass's hidden state and the pass index), or any module mapping a hidden state ``[..., d]`` to a halting logit
+    ``[..., 1]`` (or ``[...]``); then it needs ``hidden`` instead."""
 
     carries = True
 
@@ -183,7 +185,8 @@ class QExit:
             if view.lam is None:
                 raise ValueError("QExit without a head needs λ from the model (a Lambda layer)")
             return view.lam.float()
-        logit = self.head(view.hidden).float()
+        per_pass = getattr(self.head, "per_pass", False)  # a bank of per-pass heads (A21) also takes the pass
+        logit = (self.head(view.hidden, view.pass_idx) if per_pass else self.head(view.hidden)).float()
         return torch.sigmoid(logit.squeeze(-1) if logit.dim() == view.active.dim() + 1 else logit)
 
     def stops(self, view: PassView) -> torch.Tensor:
@@ -201,6 +204,31 @@ class QExit:
         return f"QExit(q={self.q:g}{', head' if self.head is not None else ''})"
 
 
+class ConsistencyExit:
+    """A23: after pass i a token stops when its consistency head says, with probability above ``threshold``, that
+    pass i's greedy token is the full model's. ``threshold`` comes from calibration on held-out data
+    (``adaponder calibrate``: the largest disagreement with the full model it allows, δ, at a stated confidence);
+    1 never stops. ``head``: the model's consistency heads (called with the hidden state and the pass index)."""
+
+    needs = frozenset({"hidden"})
+    carries = False
+
+    def __init__(self, threshold: float, head: torch.nn.Module):
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"the consistency exit's threshold must lie in [0, 1], got {threshold}")
+        if head is None:
+            raise ValueError("the consistency exit needs the model's consistency heads (consistency_heads: true)")
+        self.threshold = float(threshold)
+        self.head = head
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        p = torch.sigmoid(self.head(view.hidden, view.pass_idx).float()).reshape(view.active.shape)
+        return p > self.threshold  # NaN never stops
+
+    def __repr__(self) -> str:
+        return f"ConsistencyExit(threshold={self.threshold:.6g})"
+
+
 def check_tau(tau: float) -> float:
     """τ of A6 as a float, or ``ValueError``: a token stops when ``s < τ`` and ``s`` lies in (0, 1), so τ outside
     (0, 1) would stop every token or none."""
@@ -209,5 +237,5 @@ def check_tau(tau: float) -> float:
     return float(tau)
 
 
-__all__ = ["NEEDS", "ExitRule", "FirstPassOnly", "FixedPruning", "NoHalting", "PassView", "QExit", "ThresholdExit",
+__all__ = ["NEEDS", "ConsistencyExit", "ExitRule", "FirstPassOnly", "FixedPruning", "NoHalting", "PassView", "QExit", "ThresholdExit",
            "check_tau"]

@@ -27,6 +27,7 @@ from .cost import CostAccounting
 from .input_checks import (ModelInputError, TokenIdError, check_generation_length, check_input_kind, check_positions,
                            check_token_ids)
 from .pass_driver import run_passes
+from .pass_heads import HALTING_INIT_BIAS, DraftHead, PassHeads, PassSupervision, pass_supervision_losses
 from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
@@ -47,6 +48,8 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: ``[B, T, K-1]`` bool, the gates of the pool G of A11 (active, not padding).
     active_fraction: ``[K]`` fraction of non-padding tokens active in each pass.
     pass_logits: the logits z^i of every pass (only with ``return_pass_logits=True``).
+    aux_losses: the pass heads' training terms (A21–A24: ``halting_kl``, ``consistency``, ``draft``), scalars
+        with graphs; None when there are none. ``loss`` already holds A21/A22's expected loss.
     """
 
     lm_loss: torch.Tensor | None = None
@@ -55,6 +58,7 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: torch.Tensor | None = None
     active_fraction: torch.Tensor | None = None
     pass_logits: tuple[torch.Tensor, ...] | None = None
+    aux_losses: dict | None = None
 
 
 class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationMixin):
@@ -76,6 +80,13 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         n_gates = config.num_passes - 1 if config.gated else 0
         self.gates = nn.ModuleList([PonderGate(config) for _ in range(n_gates)])
         self.pause_embeddings = PauseEmbeddings(config.num_pauses, config.hidden_size) if config.num_pauses else None
+        # Heads that read the passes (A21–A24), built without drawing from the global generator and registered
+        # last: the backbone of a model with them starts from the same weights as one without.
+        with torch.random.fork_rng(devices=[]):
+            k, d = config.num_passes - 1, config.hidden_size
+            self.halting_heads = PassHeads(k, d, HALTING_INIT_BIAS) if config.halting_heads else None
+            self.consistency_heads = PassHeads(k, d) if config.consistency_heads else None
+            self.draft_head = DraftHead(d) if config.draft_head else None
         self.pass_checkpointing = False
         self.post_init()
 
@@ -129,6 +140,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         return_logits: bool = True,
         settings: RunSettings | None = None,
         gate_warmup: GateWarmup | None = None,
+        pass_supervision: PassSupervision | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> AdaPonderCausalLMOutput:
@@ -141,6 +153,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         ``settings`` (:class:`~.run_settings.RunSettings`: τ, the exit rule, passes to run, compaction, chunking)
         are this call's; ``generate`` passes them through. The config is never written.
         ``gate_warmup`` (:class:`GateWarmup`, training's warm-up only) bypasses, floors or stops the gates' halting.
+        ``pass_supervision`` (:class:`~.pass_heads.PassSupervision`, training only): how the passes are scored
+        (A21–A22). With gradients and targets, the model's pass heads (A21–A24) add their terms to ``aux_losses``.
         """
         cfg = self.config
         _refuse_run_keywords(kwargs)
@@ -159,20 +173,34 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                 input_ids, inputs_embeds, attention_mask, position_ids)
             input_ids = None
         ctx = self.pass_context(input_ids, attention_mask, position_ids, inputs_embeds, cache)
+        targets = self._targets(labels, shift_labels)
+        per_pass = pass_supervision is not None and pass_supervision.kind != "none"
+        if per_pass and self.halting_heads is None:
+            raise ValueError(f"per-pass supervision {pass_supervision.kind!r} needs halting heads "
+                             "(model.halting_heads: true)")
+        keep_states = torch.is_grad_enabled() and targets is not None and (
+            per_pass or self.consistency_heads is not None or self.draft_head is not None)
         run = run_passes(self, ctx, KVAligner(cfg.num_hidden_layers, cache), settings=settings,
-                         gate_warmup=gate_warmup, return_pass_logits=return_pass_logits)
+                         gate_warmup=gate_warmup, return_pass_logits=return_pass_logits,
+                         return_pass_states=keep_states)
         h_hat, exit_pass, pass_logits, length = run.h_hat, run.exit_pass, run.pass_logits, ctx.length
         if stride > 1:  # A19: x_{t+1} is predicted at the last pause after x_t; no other position is scored
             h_hat, exit_pass = h_hat[:, stride - 1::stride], exit_pass[:, stride - 1::stride]
             pass_logits = [z[:, stride - 1::stride] for z in pass_logits]
             length = length // stride
-        logits, lm_loss = self._exit_logits_and_loss(h_hat, self._targets(labels, shift_labels), return_logits,
-                                                     logits_to_keep, length, settings.chunk_size)
+        aux = {}
+        if keep_states:
+            aux = pass_supervision_losses(self, run.pass_states, targets.to(h_hat.device), pass_supervision)
+        logits, lm_loss = self._exit_logits_and_loss(h_hat, targets, return_logits and not per_pass, logits_to_keep,
+                                                     length, settings.chunk_size, need_loss="lm" not in aux)
+        if "lm" in aux:  # A21/A22: the expected loss under the exit distribution replaces the final pass's CE
+            lm_loss = aux.pop("lm")
+            logits = self.lm_head(h_hat) if return_logits else None
         gate_values, gate_mask = run.gate_tensors(cfg.num_passes)
         return AdaPonderCausalLMOutput(
             loss=lm_loss, logits=logits, cache=cache, lm_loss=lm_loss, exit_pass=exit_pass, gate_values=gate_values,
             gate_mask=gate_mask, active_fraction=torch.stack(run.active_fraction),
-            pass_logits=tuple(pass_logits) if return_pass_logits else None)
+            pass_logits=tuple(pass_logits) if return_pass_logits else None, aux_losses=aux or None)
 
     def run_passes(self, ctx: "PassContext", aligner: KVAligner, run: PassRun | None = None, last: int | None = None,
                    *, settings: RunSettings | None = None, gate_warmup: GateWarmup | None = None,
@@ -181,11 +209,36 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         return run_passes(self, ctx, aligner, run, last, settings=settings_or_default(settings),
                           gate_warmup=gate_warmup, return_pass_logits=return_pass_logits)
 
+    # -- the heads that read the passes (A21–A24) ------------------------------------------------------------
+    def draft_logits(self, h: torch.Tensor, going_on: torch.Tensor | None = None, draft_passes: int = 1) -> torch.Tensor:
+        """The draft distribution's logits from the states ``h`` after ``draft_passes`` passes (A24): through the draft
+        head where the model has one and drafts with pass 1, else those states' own logits. ``going_on`` (bool,
+        ``h.shape[:-1]``): tokens that have not halted; a halted token's logits are already its final ones."""
+        if self.draft_head is None or draft_passes != 1:
+            return self.lm_head(h)
+        drafted = self.lm_head(self.draft_head(h))
+        return drafted if going_on is None else torch.where(going_on[..., None], drafted, self.lm_head(h))
+
+    def halting_probability(self, h: torch.Tensor, pass_idx: int | torch.Tensor) -> torch.Tensor:
+        """λ_i (A21) of states ``h`` after pass ``pass_idx``, float32, shape ``h.shape[:-1]``."""
+        if self.halting_heads is None:
+            raise ValueError("token-level Q-exit needs a model with halting heads (halting_heads: true, A21)")
+        return torch.sigmoid(self.halting_heads(h, pass_idx).float())
+
+    def agreement_probability(self, h: torch.Tensor, pass_idx: int | torch.Tensor) -> torch.Tensor:
+        """The consistency head's probability that pass ``pass_idx``'s greedy token is the full model's (A23)."""
+        if self.consistency_heads is None:
+            raise ValueError("the consistency exit needs a model with consistency heads (consistency_heads: true, "
+                             "A23)")
+        return torch.sigmoid(self.consistency_heads(h, pass_idx).float())
+
     def _exit_logits_and_loss(self, h_hat, targets, return_logits: bool, logits_to_keep, length: int,
-                              chunk_size: int = 0):
+                              chunk_size: int = 0, need_loss: bool = True):
         """``(logits, lm_loss)`` from the exit-pass states (A9, A10). Training (``return_logits=False``) computes the
         loss in chunks and never builds the ``[B, T, V]`` logits."""
         device = h_hat.device
+        if not need_loss:
+            targets = None
         if not return_logits:
             lm_loss = None if targets is None else linear_cross_entropy(
                 h_hat.reshape(-1, h_hat.shape[-1]), self.lm_head.weight, targets.reshape(-1).to(device), chunk_size)

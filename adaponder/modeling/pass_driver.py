@@ -109,12 +109,12 @@ def drive(core, layout: Layout, rule: ExitRule, settings: RunSettings | None = N
 
 def run_passes(core, ctx: PassContext, aligner: KVAligner, run: PassRun | None = None, last: int | None = None, *,
                settings: RunSettings, gate_warmup: GateWarmup | None = None,
-               return_pass_logits: bool = False) -> PassRun:
+               return_pass_logits: bool = False, return_pass_states: bool = False) -> PassRun:
     """Passes ``run.next_pass .. last`` (default: from pass 1 to the K this call runs; A2–A9) over the token grid of
     ``ctx``: run the stack on the tokens still active, keep each token's exit-pass state, then the exit step and the
     feedback before the next pass — also after ``last`` when it is below K, so that a later call can continue from
     the returned state (self-speculative decoding drafts with the first passes and verifies with the rest)."""
-    grid = GridLayout(core, ctx, aligner, run, last, settings, gate_warmup, return_pass_logits)
+    grid = GridLayout(core, ctx, aligner, run, last, settings, gate_warmup, return_pass_logits, return_pass_states)
     drive(core, grid, settings.rule, settings)
     run = grid.run
     run.carry = grid.carry
@@ -129,7 +129,8 @@ class GridLayout:
     (compacted, A16). Its state is a :class:`~.pass_step.PassRun`, which a later call may continue."""
 
     def __init__(self, core, ctx: PassContext, aligner: KVAligner, run: PassRun | None, last: int | None,
-                 settings: RunSettings, gate_warmup: GateWarmup | None, return_pass_logits: bool):
+                 settings: RunSettings, gate_warmup: GateWarmup | None, return_pass_logits: bool,
+                 return_pass_states: bool = False):
         cfg = core.config
         self.core, self.ctx, self.aligner, self.gate_warmup = core, ctx, aligner, gate_warmup
         self.K = settings.num_passes(cfg.num_passes)
@@ -142,6 +143,7 @@ class GridLayout:
         self.n_valid = ctx.valid.sum().clamp(min=1)
         self.grad = torch.is_grad_enabled()
         self.return_pass_logits = return_pass_logits
+        self.return_pass_states = return_pass_states
         self.s = None  # the gate values of the pass (A5), None where no gate weighs the feedback
         self.ending = False
         self.carry = self.run.carry  # back into the run when the loop ends (run_passes)
@@ -176,6 +178,8 @@ class GridLayout:
             run.h_hat = h_i if run.h_hat is None else torch.where(run.active[..., None], h_i, run.h_hat)
         if self.return_pass_logits:
             run.pass_logits.append(self.core.lm_head(self._full(h_flat)))
+        if self.return_pass_states:  # every pass's final-LN states, for the per-pass losses (A21–A24)
+            run.pass_states.append(self._full(h_flat))
         run.next_pass = i + 1
         return h_flat, state_flat
 

@@ -66,6 +66,7 @@ class PassRun:
     gate_masks: list = dataclasses.field(default_factory=list)
     active_fraction: list = dataclasses.field(default_factory=list)
     pass_logits: list = dataclasses.field(default_factory=list)
+    pass_states: list = dataclasses.field(default_factory=list)
     carry: torch.Tensor | None = None
 
     @classmethod

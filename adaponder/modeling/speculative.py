@@ -6,7 +6,8 @@ needs. A cycle, for every row, from its pending token ``y₀`` (chosen by the fu
 
 1. **draft** ``γ`` tokens: run passes ``1..P`` on ``y_j`` (writing those passes' K/V into the cache) and take the
    next token ``y_{j+1}`` from the draft distribution — the logits of each token's state after pass ``P`` (its
-   exit state when it already halted, A9);
+   exit state when it already halted, A9), read through the model's draft head where it has one and drafts with
+   pass 1 (A24: trained to predict the full model, with no gradient into the passes);
 2. **verify**: run passes ``P+1..K`` over the ``γ`` drafted positions in one forward — the pass loop continued from
    the drafts' states (:meth:`~.modeling_adaponder.AdaPonderForCausalLM.run_passes`), with the same K/V reuse and
    halting as ordinary decoding (A15) — giving the full model's distribution at each of them;
@@ -283,7 +284,7 @@ class SelfSpeculativeDecoder:
             run = run_passes(model, ctx, KVAligner(model.config.num_hidden_layers, cache), last=P,
                              settings=self.settings)
             runs.append(run)
-            logp = self._warp(model.lm_head(run.h_hat[:, -1]))
+            logp = self._warp(model.draft_logits(run.h_hat[:, -1], run.active[:, -1], P))  # A24
             draft_logp.append(logp)
             ids.append(self._choose(logp))
         block = torch.stack(ids[:gamma], dim=1)  # y_0 .. y_{γ-1}: the inputs of the drafted positions

@@ -37,7 +37,8 @@ def draft_step(model, settings: RunSettings, buffers, key_ok, ids, slot, positio
     key_ok.index_fill_(1, slot, True)
     state = decode_passes(model, settings, buffers, key_ok[:, None, None, :], ids, slot, position[:, None],
                           StepState.start(model, ids), 1, draft_passes)
-    return model.lm_head(state.h_hat).argmax(-1), state.E, state.active, state.exit_pass, state.h_hat
+    draft = model.draft_logits(state.h_hat, state.active, draft_passes)  # A24: the draft head where there is one
+    return draft.argmax(-1), state.E, state.active, state.exit_pass, state.h_hat
 
 
 def verify_step(model, settings: RunSettings, buffers, key_ok, ids, slots, positions, E, active, exit_pass, h_hat,

@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from adaponder.evaluation.perplexity import load_documents, score_documents, sum
 from adaponder.evaluation.pruning import FIXED_RULES, make_policy
 from adaponder.evaluation.settings import load_for_eval
 from adaponder.jsonio import json_safe, write_json_atomic
-from adaponder.modeling.exit_rules import NoHalting
+from adaponder.evaluation.exit_calibration import calibrate, windows_of
+from adaponder.modeling.exit_rules import ConsistencyExit, NoHalting, QExit
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.resources import module_command, package_env
 from adaponder.run_lock import lock_folder
@@ -201,6 +203,13 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         # Reference points on the same trained model: no halting (every token runs K passes).
         out["no_halting"] = json_safe(summarize(score_documents(model, docs, settings=_NEVER_HALT, **score_kw),
                                              docs, model))
+    looped = model.config.mode in ("ponderlm", "loop", "adaponder") and model.config.num_passes > 1
+    if model.consistency_heads is not None and not has_token_labels(data_dir):
+        # A23 on a text corpus: calibrated on every other held-out window, read on the others
+        wins = windows_of(docs, window, tok.eos_token_id)
+        out["consistency_exit"] = json_safe(asdict(calibrate(
+            model, wins[0::2], cfg.eval.consistency_delta, cfg.eval.consistency_confidence, window,
+            batch_size=cfg.eval.batch_size, split="val (even windows)", test_windows=wins[1::2])))
     if has_token_labels(data_dir):  # a corpus with per-token difficulty (adaponder.data.reasoning)
         out["difficulty"] = json_safe(evaluate_difficulty(model, data_dir, tok, batch_size=cfg.eval.batch_size,
                                                           pruning_seeds=cfg.eval.pruning_seeds))
@@ -209,6 +218,23 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
                 model, data_dir, tok, batch_size=cfg.eval.batch_size, settings=_NEVER_HALT))
             out["difficulty_tau"] = json_safe(difficulty_by_tau(model, data_dir, tok, cfg.eval.taus,
                                                                 batch_size=cfg.eval.batch_size))
+        if looped:  # the per-pass probe: pass i's greedy answers (passes 1..i run, nothing halts), by difficulty
+            out["pass_probe"] = [json_safe(_probe_row(evaluate_difficulty(
+                model, data_dir, tok, batch_size=cfg.eval.batch_size, pruning_seeds=(),
+                settings=RunSettings(passes=i, exit_rule=NoHalting())))) for i in range(1, model.config.num_passes + 1)]
+        if model.halting_heads is not None:  # token-level Q-exit on the halting heads (A21, B9)
+            out["difficulty_q_exit"] = json_safe(evaluate_difficulty(
+                model, data_dir, tok, batch_size=cfg.eval.batch_size, pruning_seeds=(),
+                settings=RunSettings(exit_rule=QExit(0.5, head=model.halting_heads))))
+        if model.consistency_heads is not None and has_token_labels(data_dir, "dev"):  # A23, calibrated on dev
+            dev = load_documents(data_dir, tok, split="dev")
+            cal = calibrate(model, windows_of(dev, max(len(d) for d in dev), tok.eos_token_id),
+                            cfg.eval.consistency_delta, cfg.eval.consistency_confidence, window,
+                            batch_size=cfg.eval.batch_size, split="dev")
+            out["consistency_exit"] = json_safe(asdict(cal))
+            out["difficulty_consistency"] = json_safe(evaluate_difficulty(
+                model, data_dir, tok, batch_size=cfg.eval.batch_size, pruning_seeds=(),
+                settings=RunSettings(exit_rule=ConsistencyExit(cal.threshold, model.consistency_heads))))
         if has_token_labels(data_dir, "dev"):
             # The development split: where settings (τ, an arm) are chosen; the test split above is then read once.
             out["difficulty_dev"] = json_safe(evaluate_difficulty(model, data_dir, tok, split="dev",
@@ -222,6 +248,12 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
 
 #: Every token runs K passes (the gates still weigh the feedback).
 _NEVER_HALT = RunSettings(exit_rule=NoHalting())
+
+
+def _probe_row(res: dict) -> dict:
+    """What the per-pass probe keeps of a difficulty evaluation: accuracy by difficulty and the answer accuracy."""
+    return {"levels": [{k: lv[k] for k in ("difficulty", "accuracy", "mean_nll")} for lv in res["levels"]],
+            "answer_accuracy": res["answer_accuracy"], "ppl": res["ppl"]}
 
 
 def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, data_seed: int | None = None,

@@ -101,6 +101,11 @@ class EvalSection:
     #: The τ dial and fixed pruning scored on the held-out split's perplexity. A labelled task's difficulty
     #: evaluation scores both again, by difficulty, on the same split: such a study may turn these off.
     perplexity_controls: bool = True
+    #: The consistency exit's tolerance δ and confidence (arms with consistency heads, docs/method.md A23): the
+    #: threshold is calibrated on the development split (a text corpus: every other held-out window) and read on
+    #: the test split.
+    consistency_delta: Annotated[Float, Field(gt=0, lt=1)] = 0.05
+    consistency_confidence: Annotated[Float, Field(gt=0, lt=1)] = 0.95
 
 
 SECTIONS = {"study": StudySection, "data": DataSection, "eval": EvalSection}
@@ -165,8 +170,11 @@ class StudyConfig:
         an arm started from another, that arm's fingerprint)."""
         raw = self.train_raw(arm, seed, "<data>", "<out>")
         evaluation = dict(vars(self.eval))
-        if evaluation.get("perplexity_controls", True):  # the default: results stored before the key keep theirs
-            del evaluation["perplexity_controls"]
+        # defaults of keys added later leave the fingerprint alone: results stored before them keep theirs
+        for key, default in (("perplexity_controls", True), ("consistency_delta", 0.05),
+                             ("consistency_confidence", 0.95)):
+            if evaluation.get(key, default) == default:
+                evaluation.pop(key, None)
         what = {"train": raw, "data": self.data_identity(data_seed), "eval": evaluation}
         source = self.arms[arm].get("from_arm")
         if source is not None:

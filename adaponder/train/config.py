@@ -87,6 +87,15 @@ class ScheduleConfig:
     gate_warmup: Literal["live", "bypassed", "floored"] = "live"
     #: The gate-logit floor of ``floored`` before ``s0`` (0: s ≥ 0.5).
     gate_floor: Float = 0.0
+    #: How the passes are scored (docs/method.md A21–A22 **[choice]**): ``none`` (the final pass's CE),
+    #: ``pondernet`` (the expected CE under each token's exit distribution plus β·KL to a geometric prior; needs
+    #: ``model.halting_heads``) or ``pondernet-detached`` (the final pass's CE for the backbone; the expected loss
+    #: trains only the halting heads, on detached states).
+    per_pass: Literal["none", "pondernet", "pondernet-detached"] = "none"
+    #: λ_p of the geometric prior over exit passes (A21).
+    halting_prior: Annotated[Float, Field(gt=0, lt=1)] = 0.2
+    #: β of the KL term (A21).
+    halting_beta: NonNegativeFloat = 0.01
 
 
 @dataclass
@@ -449,6 +458,10 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           "init.gates_alone: training the gates alone needs a trained backbone (init.backbone)")
     check("init.gates_alone", ini.gates_alone and cfg.model.recurrence != "adaponder",
           "init.gates_alone: only mode 'adaponder' has gates to train")
+    check("schedule.per_pass model.halting_heads", cfg.schedule.per_pass != "none"
+          and cfg.model.fields.get("halting_heads") is not True,
+          f"schedule.per_pass: {cfg.schedule.per_pass!r} scores the passes by each token's exit distribution, which "
+          "needs model.halting_heads: true (A21)")
     check("init.gates_alone init.gates_only_tokens", ini.gates_alone and ini.gates_only_tokens > 0,
           "init.gates_alone: the whole run trains the gates alone; leave init.gates_only_tokens at 0")
     return p

@@ -43,6 +43,7 @@ from adaponder.data.tokenizer import load_tokenizer
 from adaponder.data.training_source import train_loader, training_source, validation_batches, validation_source
 from adaponder.errors import OutputError, debug_requested, writing
 from adaponder.modeling import AdaPonderConfigError, ponder_loss
+from adaponder.modeling.pass_heads import PassSupervision
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.run_lock import RunLockError
 
@@ -71,14 +72,20 @@ from .stopping import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped
 def training_loss(out, ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A13: ``(L, L_LM, L_ponder)``. ``L = L_LM`` before S0 (and for models without gates); after it
     ``L = L_LM + λ·L_ponder`` with the bottom-k ponder loss (A11–A12) at the scheduled k. ``L_ponder`` is
-    None for models without gates, and 0 while the ponder loss is off."""
+    None for models without gates, and 0 while the ponder loss is off. The pass heads' terms (A21–A24:
+    ``out.aux_losses``) are added to ``L`` as they are."""
     lm = out.loss
+    heads = sum(out.aux_losses.values()) if out.aux_losses else None  # A21–A24's head terms (detached inputs)
+    if heads is not None:
+        lm_total = lm + heads
+    else:
+        lm_total = lm
     if out.gate_values is None or out.gate_mask is None:
-        return lm, lm, None
+        return lm_total, lm, None
     if not ps.active:
-        return lm, lm, lm.new_zeros(())
+        return lm_total, lm, lm.new_zeros(())
     pl = ponder_loss(out.gate_values, out.gate_mask, ps.k)
-    return lm + ps.weight * pl, lm, pl
+    return lm_total + ps.weight * pl, lm, pl
 
 
 # -- the trainer -----------------------------------------------------------------------------------------
@@ -92,7 +99,7 @@ class Trainer:
     structural_keys = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads",
                        "intermediate_size", "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale",
                        "embedding_multiplier", "use_parallel_residual", "tie_word_embeddings",
-                       "max_position_embeddings")
+                       "max_position_embeddings", "halting_heads", "consistency_heads", "draft_head")
 
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         self.cfg = cfg
@@ -126,6 +133,14 @@ class Trainer:
         """How the training forward and validation run the model (τ, compaction, chunking): never its config. Read
         from the config when first needed (set-up), so that a trainer is built before its configuration is checked."""
         return self.cfg.run_settings()
+
+    @functools.cached_property
+    def _supervision_kw(self) -> dict[str, Any]:
+        """The training forward's per-pass supervision (A21–A22, ``schedule.per_pass``); none by default."""
+        s = self.cfg.schedule
+        if s.per_pass == "none":
+            return {}
+        return {"pass_supervision": PassSupervision(s.per_pass, prior=s.halting_prior, beta=s.halting_beta)}
 
     # ---- set-up ---------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -354,7 +369,7 @@ class Trainer:
             if cfg.debug.trace_batches:
                 self._trace(step, x)
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
-                         settings=self.run_settings, **warmup_kw)
+                         settings=self.run_settings, **warmup_kw, **self._supervision_kw)
             loss, lm, pl = training_loss(out, ps)
             M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
             engine.backward(loss)
