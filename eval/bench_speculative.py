@@ -218,6 +218,9 @@ def main(argv=None):
                          "compiled draft and verify steps (RunSettings(compile=True))")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--without-draft-head", action="store_true",
+                    help="checkpoints with a draft head (docs/method.md A24): also a row drafting from pass 1's own "
+                         "logits (the head removed), the same weights otherwise")
     args = ap.parse_args(argv)
     batches = _checked_arguments(args)
     if args.threads:
@@ -234,9 +237,15 @@ def main(argv=None):
         for dtype_name in args.dtypes.split(","):
             model, name = load_model(spec, DTYPES[dtype_name])
             model = model.to(args.device)
+            variants = [(model, name)]
+            if args.without_draft_head and getattr(model, "draft_head", None) is not None:
+                bare, _ = load_model(spec, DTYPES[dtype_name])
+                bare.draft_head = None  # drafts from pass 1's own logits; the forward is unchanged
+                variants.append((bare.to(args.device), name + " (no draft head)"))
             for batch in batches:
                 ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data).to(args.device)
-                rows += bench_one(model, name, ids, args, dtype_name)
+                for m, label in variants:
+                    rows += bench_one(m, label, ids, args, dtype_name)
     print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
           "whole call (the same prefill in both; prefill alone: prefill_s in --json); × = spec/ord; same = identical greedy tokens; accept = accepted\n"
           "drafts / drafted; tok/cyc = tokens each row gains per cycle; D̄ = mean exit pass of the decoded tokens;\n"

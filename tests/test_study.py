@@ -11,7 +11,8 @@ import pytest
 
 from conftest import REPO
 
-ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1", "adaponder-warm"]
+ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1", "adaponder-warm",
+        "ponderlm-draft"]
 
 
 def _tiny_corpus(folder: Path) -> Path:
@@ -66,6 +67,10 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     assert report.startswith("# Pipeline check (quick profile) — not a result") and "adaponder study --config" in report
     assert "The paper's claims at this scale" not in report and "**holds**" not in report
     assert 0 <= results["adaponder-warm-s1234"]["greedy_changed_by_later_passes"] <= 1
+    # the arm with consistency heads: its exit calibrated on every other held-out window, read on the others
+    cal = results["ponderlm-draft-s1234"]["consistency_exit"]
+    assert cal["delta"] == 0.05 and cal["windows"] > 0 and cal["test"]["windows"] > 0
+    assert 0 <= cal["test"]["disagreement"] <= 1 and 1 <= cal["test"]["mean_exit"] <= 4
     assert "vanilla-s1234" not in report.split("change the greedy token")[1].split("\n")[0]  # pondering arms only
     for png in ("pareto.png", "training_curves.png", "exit_histograms.png", "nll_by_exit_pass.png", "gate_curves.png"):
         assert (tmp / "results" / png).stat().st_size > 10_000
@@ -82,7 +87,7 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
     again = _study(tmp)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 11
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 12
     # forget one arm completely (result and run folder): training it again gives the same figures
     import shutil
 

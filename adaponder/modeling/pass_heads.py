@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 #: The per-pass supervision options of A21–A22 (``schedule.per_pass``); ``none`` is plain PonderLM's final-pass CE.
-PER_PASS_OPTIONS = ("none", "pondernet", "pondernet-detached")
+PER_PASS_OPTIONS = ("none", "pondernet", "pondernet-anchored", "pondernet-detached")
 #: λ_i starts at 0.1 (logit −2.197): a token first leaves after pass i with probability ~0.1, PonderNet's prior.
 HALTING_INIT_BIAS = math.log(0.1 / 0.9)
 
@@ -150,8 +150,9 @@ def pass_supervision_losses(model, pass_states: list[torch.Tensor], targets: tor
         rec = (p * ce).sum(1).mean()
         log_prior = geometric_log_prior(K, supervision.prior, p.device)
         kl = (p * (log_p - log_prior)).sum(1).mean()  # KL(p ‖ p_G), the PonderNet paper's direction
-        # A22: the backbone learns from the final pass's CE alone, exactly as plain PonderLM's; A21: from E_p[CE]
-        out["lm"] = (_token_ce(flat[-1], w, tgt).mean() + rec) if detached else rec
+        # A22: the backbone learns from the final pass's CE alone, exactly as plain PonderLM's; A21: from E_p[CE];
+        # A21's anchored form: from both (the last pass keeps its own full-weight CE)
+        out["lm"] = rec if kind == "pondernet" else _token_ce(flat[-1], w, tgt).mean() + rec
         out["halting_kl"] = supervision.beta * kl
     if getattr(model, "consistency_heads", None) is not None:  # A23
         with torch.no_grad():

@@ -44,6 +44,9 @@ class StudySection:
     repeat_arms: list[str] = field(default_factory=list)
     #: Every arm with every one of these training seeds (replaces ``seed`` / ``repeat_seed`` / ``repeat_arms``).
     seeds: list[NonNegativeInt] | None = None
+    #: Arms trained with fewer of ``seeds`` (arm → its seeds, a subset of ``seeds``): arms added to a study whose
+    #: compute allowed only some replicates; the report says how many runs each arm has.
+    arm_seeds: dict[str, list[NonNegativeInt]] = field(default_factory=dict)
     #: Synthetic tasks only: every run once per data seed (the task's ``seed``: its permutation, held-out symbols
     #: and documents), each on its own generated corpus. Null: the task's own seed only.
     data_seeds: list[NonNegativeInt] | None = None
@@ -131,7 +134,8 @@ class StudyConfig:
         chosen = self.chosen_arms()
         data_seeds = self.study.data_seeds or [None]
         if self.study.seeds is not None:
-            return [(arm, seed, ds) for seed in self.study.seeds for ds in data_seeds for arm in chosen]
+            return [(arm, seed, ds) for seed in self.study.seeds for ds in data_seeds for arm in chosen
+                    if seed in self.study.arm_seeds.get(arm, self.study.seeds)]
         runs = [(arm, self.study.seed, ds) for ds in data_seeds for arm in chosen]
         if self.study.repeat_seed is not None:
             runs += [(arm, self.study.repeat_seed, ds) for ds in data_seeds
@@ -238,6 +242,12 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     if cfg.study.data_seeds is not None and cfg.data.task is None:
         problems.append("study.data_seeds: only a synthetic task (data.task) has a data seed; "
                         "a text corpus has one split (data.split_seed)")
+    for arm, values in cfg.study.arm_seeds.items():
+        if arm not in arms:
+            problems.append(f"study.arm_seeds: {arm!r} is not an arm (arms: {', '.join(arms)})")
+        elif cfg.study.seeds is None or not values or not set(values) <= set(cfg.study.seeds):
+            problems.append(f"study.arm_seeds.{arm}: {values}, expected a non-empty subset of study.seeds "
+                            f"({cfg.study.seeds})")
     for key in ("seeds", "data_seeds"):
         values = getattr(cfg.study, key)
         if values is not None and (not values or len(set(values)) != len(values)):

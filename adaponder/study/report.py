@@ -14,7 +14,7 @@ from typing import Any
 
 from adaponder.plotting import short_path
 
-from . import decide, difficulty_report, gate_report, trend
+from . import decide, difficulty_report, exits_report, gate_report, trend
 from .arms import result_id
 from .config import StudyConfig
 from .plots import exit_histograms_png, nll_by_exit_png, pareto_png, training_curves_png
@@ -296,6 +296,7 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
     L += decide.section(results, cfg.task_options() if cfg.data.task else None, cfg.study.data_seeds, verdicts=verdicts,
                         settings_note=cfg.study.settings_chosen_on)
     L += difficulty_report.section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
+    L += exits_report.section(results, verdicts=verdicts)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
                        note(results) if results else "", verdicts=verdicts)
     if plots["pareto"]:

@@ -89,9 +89,10 @@ class ScheduleConfig:
     gate_floor: Float = 0.0
     #: How the passes are scored (docs/method.md A21–A22 **[choice]**): ``none`` (the final pass's CE),
     #: ``pondernet`` (the expected CE under each token's exit distribution plus β·KL to a geometric prior; needs
-    #: ``model.halting_heads``) or ``pondernet-detached`` (the final pass's CE for the backbone; the expected loss
-    #: trains only the halting heads, on detached states).
-    per_pass: Literal["none", "pondernet", "pondernet-detached"] = "none"
+    #: ``model.halting_heads``), ``pondernet-anchored`` (the same plus the final pass's own CE) or
+    #: ``pondernet-detached`` (the final pass's CE for the backbone; the expected loss trains only the halting heads,
+    #: on detached states).
+    per_pass: Literal["none", "pondernet", "pondernet-anchored", "pondernet-detached"] = "none"
     #: λ_p of the geometric prior over exit passes (A21).
     halting_prior: Annotated[Float, Field(gt=0, lt=1)] = 0.2
     #: β of the KL term (A21).
@@ -359,7 +360,8 @@ class TrainConfig:
             del what["train"][permission]
         del what["hardware"]  # where the run may start, not what it computes
         # Keys added later enter only when set, so the fingerprints of runs that predate them stay the same.
-        for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0)):
+        for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0), ("per_pass", "none"), ("halting_prior", 0.2),
+                             ("halting_beta", 0.01)):
             if what["schedule"].get(key) == default:
                 del what["schedule"][key]
         if not what["init"].get("gates_alone"):
