@@ -200,3 +200,35 @@ def test_heads_need_a_looped_model_and_halting_heads_no_gates():
     with pytest.raises(ValueError, match="halting heads"):
         _model()(torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long),
                  pass_supervision=PassSupervision("pondernet"))
+
+
+def test_a_draft_head_trained_on_the_frozen_model_learns_and_changes_nothing_else():
+    from adaponder.train.draft_head import draft_agreement, train_draft_head
+
+    model = _model(draft_head=True).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stream = np.random.default_rng(0).integers(0, 97, 4000)
+    start = draft_agreement(model, stream, window=32, max_windows=8)
+    train_draft_head(model, stream, steps=60, window=32, batch=4, lr=3e-3, progress=False)
+    after = draft_agreement(model, stream, window=32, max_windows=8)
+    assert after["draft_head"] > start["draft_head"] + 0.05, (start, after)
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith("draft_head.") for k in changed)  # the passes are the checkpoint's
+    assert after["pass1_logits"] == start["pass1_logits"]
+
+
+def test_train_draft_refuses_a_model_without_passes(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    torch.manual_seed(0)
+    AdaPonderForCausalLM(tiny_config("vanilla", passes=1)).save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "adaponder.cli.main", "train-draft", str(tmp_path / "ckpt"), "--data",
+                          str(tmp_path / "data"), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "no passes to draft from" in out.stderr
+    assert out.stderr.count("error:") == 1 and "Traceback" not in out.stderr

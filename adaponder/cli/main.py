@@ -57,6 +57,7 @@ COMMANDS: tuple[Command, ...] = (
             "adaponder-difficulty"),
     Command("dial", "dial", "the tau dial: perplexity against FLOPs over halting thresholds", "adaponder-dial"),
     Command("halting", "halting", "per-token exit passes and NLL by exit pass, with plots", "adaponder-halting"),
+    Command("train-draft", "train_draft", "a draft head for self-speculative decoding, trained on a frozen checkpoint"),
     Command("calibrate", "calibrate", "the consistency exit's threshold for a tolerance δ, written next to the checkpoint"),
     Command("report", "report", "one Markdown report with plots: perplexity, halting, pruning, tau dial, lm-eval",
             "adaponder-report"),

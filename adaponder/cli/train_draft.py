@@ -1,0 +1,88 @@
+"""``adaponder train-draft``: a draft head for self-speculative decoding (docs/method.md A24), trained on a frozen
+looped checkpoint, written with the checkpoint to a new folder.
+
+    adaponder train-draft CKPT --data PREPARED --out CKPT-draft [--steps 1500 --window 256 --batch 2 --lr 1e-3]
+
+Every weight of CKPT is kept as it is (the new folder's forward equals CKPT's); the head learns to predict the
+full model's distribution from pass 1's state. Decoding with ``speculative=SpeculativeConfig(1, γ)`` then drafts
+with it. Prints the draft's agreement with the full model on the held-out split before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from adaponder.cli.doc import description
+from adaponder.cli.errors import UsageError, cli_main
+from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
+from adaponder.train import draft_head
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="adaponder train-draft", description=description(draft_head.__doc__, __doc__),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_args(p, "a looped (ponderlm, loop or adaponder) checkpoint folder")
+    p.add_argument("--data", required=True, help="a prepared data folder (its train split trains the head)")
+    p.add_argument("--out", required=True, help="the folder to write the checkpoint with its draft head to")
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--window", type=int, default=256, help="tokens per window")
+    p.add_argument("--batch", type=int, default=2, help="windows per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = p.parse_args(argv)
+    for name in ("steps", "window", "batch"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    data = Path(args.data)
+    if not (data / "meta.json").is_file():
+        raise UsageError(f"--data {data}: not a prepared data folder (no meta.json; see adaponder prepare)")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: exists and is not empty; choose a new folder")
+    ckpt = checkpoint_folder(args)
+    import torch
+
+    from adaponder.data.layout import split_stream
+    from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = AdaPonderConfig.from_pretrained(ckpt)
+    if config.mode not in ("ponderlm", "loop", "adaponder") or config.num_passes < 2:
+        raise UsageError(f"{ckpt}: a {config.mode} model with {config.num_passes} pass(es) has no passes to draft "
+                         "from; a draft head needs a looped model")
+    model = AdaPonderForCausalLM.from_pretrained(ckpt, draft_head=True).eval()
+    train, val = split_stream(data, "train"), split_stream(data, "val")
+    if int(train.max()) >= config.vocab_size:
+        raise UsageError(f"--data {data}: token ids up to {int(train.max())}, beyond the checkpoint's vocabulary "
+                         f"({config.vocab_size}); use the data the checkpoint was trained on")
+    before = draft_head.draft_agreement(model, val, args.window)
+    print(f"agreement with the full model before: draft head {before['draft_head']:.3f}, pass-1 logits "
+          f"{before['pass1_logits']:.3f} ({before['positions']} held-out positions)")
+    out.mkdir(parents=True, exist_ok=True)
+    summary = draft_head.train_draft_head(model, train, args.steps, args.window, args.batch, args.lr, args.seed,
+                                          log=out / "draft_metrics.jsonl")
+    after = draft_head.draft_agreement(model, val, args.window)
+    print(f"agreement with the full model after: draft head {after['draft_head']:.3f}, pass-1 logits "
+          f"{after['pass1_logits']:.3f}")
+    model.save_pretrained(out)
+    for extra in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "exit_calibration.json"):
+        if (Path(ckpt) / extra).is_file():
+            shutil.copy(Path(ckpt) / extra, out / extra)
+    (out / "draft_head.json").write_text(json.dumps({"source": str(ckpt), "data": str(data), **vars(args),
+                                                     "before": before, "after": after, **summary}, indent=2,
+                                                    default=str))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Training a draft head on a frozen looped model (docs/method.md A24): every weight of the model stays as it is, so
+its forward — and so its perplexity, its answers, its exits — is exactly the checkpoint's; only the head learns to
+predict the full model's distribution from pass 1's state.
+
+Trained jointly with the model (``model.draft_head: true``), the head chases a teacher that changes under it and
+learns while the learning rate decays; trained here, on the finished model, it sees its final teacher at a steady
+rate. The command ``adaponder train-draft`` runs this and writes the checkpoint with its head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from adaponder.modeling.exit_rules import NoHalting
+from adaponder.modeling.pass_driver import run_passes
+from adaponder.modeling.ponder_cache import KVAligner
+from adaponder.modeling.run_settings import RunSettings
+
+
+def pass1_and_final(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 1's final-LN states ``[N, d]`` and the full model's logits ``[N, V]`` of the windows ``ids`` ``[B, T]``,
+    without gradients (every token runs all K passes)."""
+    with torch.no_grad():
+        ctx = model.pass_context(ids)
+        run = run_passes(model, ctx, KVAligner(model.config.num_hidden_layers, None),
+                         settings=RunSettings(exit_rule=NoHalting(), compact=False), return_pass_states=True)
+        h1 = run.pass_states[0].reshape(-1, run.pass_states[0].shape[-1])
+        return h1, model.lm_head(run.h_hat).reshape(-1, model.config.vocab_size)
+
+
+def windows(stream: np.ndarray, window: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
+    """Batches of ``batch`` windows of ``window`` tokens from a token stream, in a seeded random order (repeated)."""
+    starts = np.arange(0, len(stream) - window, window)
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(starts)
+        for i in range(0, len(order) - batch + 1, batch):
+            yield torch.from_numpy(np.stack([stream[s:s + window] for s in order[i:i + batch]]).astype(np.int64))
+
+
+def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int = 256, batch: int = 2,
+                     lr: float = 1e-3, seed: int = 0, log: Path | None = None, progress: bool = True) -> dict:
+    """Train ``model.draft_head`` (every other weight frozen) for ``steps`` batches of the token ``stream``: cross-
+    entropy against the full model's distribution, AdamW at ``lr`` with a cosine decay to 0.1·lr. Returns the
+    final figures; ``log`` gets one JSON line per 50 steps."""
+    if model.draft_head is None:
+        raise ValueError("the model has no draft head: load it with draft_head=True")
+    torch.manual_seed(seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    head = model.draft_head
+    for p in head.parameters():
+        p.requires_grad_(True)
+    model.eval()
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    w = model.lm_head.weight.detach()
+    it = windows(stream, window, batch, seed)
+    sink = open(log, "w", encoding="utf-8") if log else None
+    agree = loss_value = float("nan")
+    bar = tqdm(range(steps), desc="draft head", unit="step", disable=not progress)
+    try:
+        for step in bar:
+            for g in opt.param_groups:
+                g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(steps, 1))))
+            h1, final = pass1_and_final(model, next(it))
+            logits = F.linear(head(h1), w).float()
+            loss = -(F.softmax(final.float(), -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if (step + 1) % 50 == 0 or step + 1 == steps:
+                agree = float((logits.argmax(-1) == final.argmax(-1)).float().mean())
+                loss_value = float(loss)
+                bar.set_postfix(loss=f"{loss_value:.3f}", agree=f"{agree:.3f}")
+                if sink:
+                    sink.write(json.dumps({"step": step + 1, "loss": loss_value, "agreement": agree}) + "\n")
+                    sink.flush()
+    finally:
+        if sink:
+            sink.close()
+        for p in model.parameters():
+            p.requires_grad_(False)
+    return {"steps": steps, "loss": loss_value, "train_agreement": agree}
+
+
+@torch.no_grad()
+def draft_agreement(model, stream: np.ndarray, window: int = 256, max_windows: int = 32) -> dict:
+    """Per position, how often the draft's greedy token (the draft head's, and pass 1's own logits') is the full
+    model's, teacher-forced on windows of ``stream``."""
+    hits = own = total = 0
+    for s in range(0, min(len(stream) - window, max_windows * window), window):
+        ids = torch.from_numpy(np.asarray(stream[s:s + window], dtype=np.int64))[None]
+        h1, final = pass1_and_final(model, ids)
+        target = final.argmax(-1)
+        hits += int((model.draft_logits(h1).argmax(-1) == target).sum())
+        own += int((model.lm_head(h1).argmax(-1) == target).sum())
+        total += target.numel()
+    return {"draft_head": hits / max(total, 1), "pass1_logits": own / max(total, 1), "positions": total}
+
+
+__all__ = ["draft_agreement", "pass1_and_final", "train_draft_head", "windows"]
