@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1", "adaponder-warm",
-        "ponderlm-draft"]
+        "ponderlm-draft", "ponderlm-pondernet"]
 
 
 def _tiny_corpus(folder: Path) -> Path:
@@ -87,7 +87,7 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
     again = _study(tmp)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 12
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 13
     # forget one arm completely (result and run folder): training it again gives the same figures
     import shutil
 

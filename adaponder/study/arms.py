@@ -204,6 +204,9 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
         out["no_halting"] = json_safe(summarize(score_documents(model, docs, settings=_NEVER_HALT, **score_kw),
                                              docs, model))
     looped = model.config.mode in ("ponderlm", "loop", "adaponder") and model.config.num_passes > 1
+    if model.halting_heads is not None:  # token-level Q-exit (A21, B9): perplexity and passes at its exits
+        out["q_exit"] = json_safe(summarize(score_documents(model, docs, settings=RunSettings(
+            exit_rule=QExit(0.5, head=model.halting_heads)), **score_kw), docs, model))
     if model.consistency_heads is not None and not has_token_labels(data_dir):
         # A23 on a text corpus: calibrated on every other held-out window, read on the others
         wins = windows_of(docs, window, tok.eos_token_id)

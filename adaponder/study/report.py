@@ -202,6 +202,31 @@ def _results_section(results: Sequence[Mapping]) -> list[str]:
     return L
 
 
+def _pass_heads_section(results: Sequence[Mapping]) -> list[str]:
+    """Arms with pass heads on a text corpus (docs/method.md A21, A23): token-level Q-exit and the calibrated
+    consistency exit, against the arm's own all-passes perplexity."""
+    rows = [r for r in results if (r.get("q_exit") or r.get("consistency_exit")) and not r.get("difficulty")]
+    if not rows:
+        return []
+    L = ["## Exits on the pass heads\n",
+         "Token-level Q-exit (A21, q = 0.5) and the consistency exit (A23) calibrated on every other held-out window "
+         "to the tolerance δ at the stated confidence, then read on the other windows: the share of positions whose "
+         "greedy token differs from the full model's, and the passes saved.\n",
+         "| arm | seed | ppl, all passes | Q-exit ppl | Q-exit mean exit | consistency θ (δ, confidence) | "
+         "disagreement, calibration / test | mean exit (test) | passes saved (test) |",
+         "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        q, c = r.get("q_exit") or {}, r.get("consistency_exit") or {}
+        test = c.get("test") or {}
+        L.append(f"| {r['arm']} | {r['seed']} | {r['heldout']['ppl']:.2f} | {_f(q.get('ppl'))} | "
+                 f"{_f(q.get('mean_exit'), '.3f')} | "
+                 + (f"{c['threshold']:g} ({c['delta']:g}, {c['confidence']:g}) | "
+                    f"{c['calibration_disagreement']:.4f} / {_f(test.get('disagreement'), '.4f')} | "
+                    f"{_f(test.get('mean_exit'), '.3f')} | {_f(100 * test['passes_saved'] if test else None, '.2f')} % |"
+                    if c else "– | – | – | – |"))
+    return L + [""]
+
+
 def _halting_detail(r: Mapping) -> list[str]:
     """A gated arm's exit passes with their NLL, its learned policy against fixed pruning, and its τ dial."""
     L: list[str] = []
@@ -297,6 +322,7 @@ def write_report(cfg: StudyConfig, results: Sequence[Mapping], data_meta: Mappin
                         settings_note=cfg.study.settings_chosen_on)
     L += difficulty_report.section(results, figs, rel, note(results) if results else "", verdicts=verdicts)
     L += exits_report.section(results, verdicts=verdicts)
+    L += _pass_heads_section(results)
     L += trend.section(results, cfg.study.compare_results, cfg.study.seed, seed_spread, figs, rel,
                        note(results) if results else "", verdicts=verdicts)
     if plots["pareto"]:
