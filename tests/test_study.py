@@ -48,7 +48,8 @@ def study(tmp_path_factory):
 def test_quick_profile_trains_and_reports_every_arm(study):
     tmp, proc = study
     results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
-    expected = {f"{a}-s1234" for a in ARMS} | {f"{a}-s4321" for a in ("vanilla", "ponderlm", "adaponder-paper")}
+    expected = {f"{a}-s1234" for a in ARMS} | {f"{a}-s4321" for a in ("vanilla", "ponderlm", "adaponder-paper",
+                                                                       "ponderlm-draft")}
     assert set(results) == expected
     for res in results.values():
         assert res["train"]["tokens"] == 2048 and res["heldout"]["tokens"] > 0
@@ -87,7 +88,7 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
     again = _study(tmp)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 13
+    assert "== training" not in again.stdout and again.stdout.count("done earlier") == 14
     # forget one arm completely (result and run folder): training it again gives the same figures
     import shutil
 

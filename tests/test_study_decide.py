@@ -125,7 +125,7 @@ def test_the_study_runs_every_arm_on_every_seed_and_data_draw_replicate_by_repli
     assert runs[:len(arms)] == [(a, cfg.study.seeds[0], cfg.study.data_seeds[0]) for a in arms]
     # an arm with fewer seeds (study.arm_seeds) runs on those only, replicate by replicate with the rest
     assert [s for a, s, d in runs if a == "ponderlm-draft" and d == 0] == cfg.study.arm_seeds["ponderlm-draft"]
-    with pytest.raises(StudyConfigError, match="arm_seeds.ponderlm: \\[7\\]"):
+    with pytest.raises(StudyConfigError, match="arm_seeds.ponderlm: \\[7\\], expected seeds of study.seeds"):
         load_study_config(REPO / "configs/study/reasoning.yaml", overrides=["study.arm_seeds={ponderlm: [7]}"])
     assert cfg.fingerprint("ponderlm", 1234, 0) != cfg.fingerprint("ponderlm", 1234, 1)
     # the gates-alone arm starts from ponderlm's checkpoint of the same seeds, which enters its fingerprint

@@ -44,8 +44,8 @@ class StudySection:
     repeat_arms: list[str] = field(default_factory=list)
     #: Every arm with every one of these training seeds (replaces ``seed`` / ``repeat_seed`` / ``repeat_arms``).
     seeds: list[NonNegativeInt] | None = None
-    #: Arms trained with fewer of ``seeds`` (arm → its seeds, a subset of ``seeds``): arms added to a study whose
-    #: compute allowed only some replicates; the report says how many runs each arm has.
+    #: Arms trained with fewer of ``seeds`` (arm → its seeds; it runs on those also in ``seeds``): arms added to a
+    #: study whose compute allowed only some replicates; the report says how many runs each arm has.
     arm_seeds: dict[str, list[NonNegativeInt]] = field(default_factory=dict)
     #: Synthetic tasks only: every run once per data seed (the task's ``seed``: its permutation, held-out symbols
     #: and documents), each on its own generated corpus. Null: the task's own seed only.
@@ -245,9 +245,9 @@ def load_study_config(path: str | Path, profile: str | None = None, corpus: list
     for arm, values in cfg.study.arm_seeds.items():
         if arm not in arms:
             problems.append(f"study.arm_seeds: {arm!r} is not an arm (arms: {', '.join(arms)})")
-        elif cfg.study.seeds is None or not values or not set(values) <= set(cfg.study.seeds):
-            problems.append(f"study.arm_seeds.{arm}: {values}, expected a non-empty subset of study.seeds "
-                            f"({cfg.study.seeds})")
+        elif cfg.study.seeds is None or not set(values) & set(cfg.study.seeds):
+            problems.append(f"study.arm_seeds.{arm}: {values}, expected seeds of study.seeds ({cfg.study.seeds}); "
+                            "the arm runs on those in both")
     for key in ("seeds", "data_seeds"):
         values = getattr(cfg.study, key)
         if values is not None and (not values or len(set(values)) != len(values)):
