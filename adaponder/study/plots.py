@@ -54,9 +54,18 @@ def _pareto_points(ax, results: Sequence[Mapping], first_seed: int) -> list[tupl
     of the gated arms (the zoom's region). A repeat seed and the pruning controls are hollow and the dial's dots
     small, drawn on top, so none hides a result on the same spot."""
     gated_pts: list[tuple[float, float]] = []
+    # arms that cost the same FLOPs (PonderLM and its variants with pass heads) are spread a little sideways, so that
+    # two arms with nearly the same perplexity do not draw one marker exactly over the other
+    same_cost: dict[str, list[str]] = {}
+    for r in results:
+        arms = same_cost.setdefault(f"{_mflops(r['heldout']):.3g}", [])
+        if r["arm"] not in arms:
+            arms.append(r["arm"])
     for r in results:
         c, filled, h = arm_color(r["arm"]), r["seed"] == first_seed, r["heldout"]
-        ax.scatter(_mflops(h), h["ppl"], marker=POLICY_MARKERS["as trained"], s=90, zorder=3 if filled else 5,
+        arms = same_cost[f"{_mflops(h):.3g}"]
+        shift = 1.0 + 0.012 * (arms.index(r["arm"]) - (len(arms) - 1) / 2)
+        ax.scatter(_mflops(h) * shift, h["ppl"], marker=POLICY_MARKERS["as trained"], s=90, zorder=3 if filled else 5,
                    facecolors=c if filled else "none", edgecolors=c, linewidths=1.5)
         if not _gated(r):
             continue
