@@ -78,7 +78,7 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
             opt.step()
             if (step + 1) % 50 == 0 or step + 1 == steps:
                 agree = float((logits.argmax(-1) == final.argmax(-1)).float().mean())
-                loss_value = float(loss)
+                loss_value = float(loss.detach())
                 bar.set_postfix(loss=f"{loss_value:.3f}", agree=f"{agree:.3f}")
                 if sink:
                     sink.write(json.dumps({"step": step + 1, "loss": loss_value, "agreement": agree}) + "\n")
