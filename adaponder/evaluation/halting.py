@@ -17,6 +17,8 @@ import math
 import numpy as np
 import torch
 
+from .exit_calibration import windows_of
+
 from .perplexity import TokenScores
 from .token_dump import token_texts
 
@@ -38,10 +40,7 @@ def greedy_changed_share(model, docs, window: int, batch_size: int, eod_id: int)
     """The share of held-out positions whose greedy token under the model's output (each token's exit-pass
     logits) differs from pass 1's: how often passes 2..K change a choice, not just its probability. Each document
     is read as ``[EOD] + tokens`` in windows of ``window`` inputs that do not overlap."""
-    windows = []
-    for doc in docs:
-        inputs = torch.tensor([eod_id, *doc.ids.tolist()[:-1]], dtype=torch.long)  # positions that predict a token
-        windows += [inputs[b:b + window] for b in range(0, len(inputs), window)]
+    windows = windows_of(docs, window, eod_id)
     changed = total = 0
     by_length: dict[int, list] = {}
     for w in windows:

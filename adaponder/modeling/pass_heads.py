@@ -139,14 +139,16 @@ def pass_supervision_losses(model, pass_states: list[torch.Tensor], targets: tor
     w = model.lm_head.weight
     out: dict[str, torch.Tensor] = {}
     kind = "none" if supervision is None else supervision.kind
+    pass_logits = None  # every pass's logits, computed once for the expected loss and the consistency targets
     if kind != "none":
         detached = kind == "pondernet-detached"
         # A21 reads the live states; A22 detached ones, so that nothing of its expected loss reaches the backbone
-        lam = model.halting_heads.all_passes([h.detach() for h in flat] if detached else flat)  # [N, K−1] logits
+        seen = [h.detach() for h in flat] if detached else flat
+        lam = model.halting_heads.all_passes(seen)  # [N, K−1] logits
         log_p = exit_distribution_log(lam)
         p = log_p.exp()
-        ce = torch.stack([_token_ce(h.detach() if detached else h, w.detach() if detached else w, tgt)
-                          for h in flat], dim=1)  # [N, K]
+        pass_logits = [F.linear(h, w.detach() if detached else w).float() for h in seen]
+        ce = torch.stack([F.cross_entropy(z, tgt, reduction="none") for z in pass_logits], dim=1)  # [N, K]
         rec = (p * ce).sum(1).mean()
         log_prior = geometric_log_prior(K, supervision.prior, p.device)
         kl = (p * (log_p - log_prior)).sum(1).mean()  # KL(p ‖ p_G), the PonderNet paper's direction
@@ -156,8 +158,8 @@ def pass_supervision_losses(model, pass_states: list[torch.Tensor], targets: tor
         out["halting_kl"] = supervision.beta * kl
     if getattr(model, "consistency_heads", None) is not None:  # A23
         with torch.no_grad():
-            final = F.linear(flat[-1], w).argmax(-1)
-            agree = torch.stack([F.linear(h, w).argmax(-1) == final for h in flat[:-1]], dim=1).float()
+            greedy = [z.argmax(-1) for z in pass_logits] if pass_logits else [F.linear(h, w).argmax(-1) for h in flat]
+            agree = torch.stack([g == greedy[-1] for g in greedy[:-1]], dim=1).float()
         logits = model.consistency_heads.all_passes([h.detach() for h in flat])
         out["consistency"] = F.binary_cross_entropy_with_logits(logits, agree)
     if getattr(model, "draft_head", None) is not None:  # A24
