@@ -6,6 +6,9 @@ For every model (trained checkpoints given with ``--checkpoint``, and random-wei
 
   (o) ordinary cached decoding — the faster of ``model.generate`` and a plain loop of cached forward calls;
   (s) ``model.generate(..., speculative=SpeculativeConfig(draft_passes, γ))`` for every γ of ``--gammas``,
+  (p) with ``--pipelined``, ``model.generate(..., speculative="pipelined")``: the passes as a pipeline, token t + 1
+      (drafted from token t's first pass) running its passes while token t runs its later ones (row γ = P; its
+      tok/cyc is tokens per tick, its bytes a tick's: the layers, W_out and W_E once, every entry's K/V),
 
 checks that (s) returns the tokens (o) returns, and prints tokens/s, the
 speed-up (s)/(o) (tokens/s of the whole call, prefill included: the same prefill in both), the acceptance rate (accepted drafts / drafted), tokens per cycle, the ordinary decoding steps an adaptive
@@ -31,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config  # noqa: E402
+from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder  # noqa: E402
 from adaponder.modeling.run_settings import RunSettings  # noqa: E402
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig  # noqa: E402
 
@@ -112,6 +116,13 @@ def speculative_bytes(model, config: SpeculativeConfig, gamma_run: float, contex
     return draft + verify
 
 
+def pipelined_bytes(model, stats, context: float) -> float:
+    """What the ticks of a pipelined decoding read: each tick the layer weights once, the K/V of every entry, W_out
+    once (every entry's logits and the draft in one product) and W_E once (the pondering product)."""
+    layers, head, kv = byte_sizes(model)
+    return stats.ticks * (layers + 2 * head) + stats.token_passes * kv * context
+
+
 def timed(fn, repeats: int):
     best, out = float("inf"), None
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -147,6 +158,21 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
     if args.compiled:  # ordinary decoding on the compiled static step (the first call compiles, untimed)
         model.generate(prompt, max_new_tokens=new, settings=compiled)
         t_cord, cref = timed(lambda: model.generate(prompt, max_new_tokens=new, settings=compiled), args.repeats)
+    if args.pipelined:  # the passes as a pipeline (docs/method.md, "Pipelined decoding"), same ordinary decoding
+        decoder = PipelinedSpeculativeDecoder(model)
+        t_pipe, out = timed(lambda: decoder.generate(prompt, new).sequences, args.repeats)
+        st = decoder.stats
+        ticks_per_token = st.ticks / max(new - 1, 1)
+        ord_b = ordinary_bytes(model, mean_exit, context)
+        pipe_b = pipelined_bytes(model, st, context) / (batch * max(new - 1, 1))
+        rows.append(dict(model=name, dtype=dtype_name, batch=batch, K=K, gamma="P", draft_passes=1,
+                         ordinary_tok_s=batch * new / t_ord, speculative_tok_s=batch * new / t_pipe,
+                         speedup=t_ord / t_pipe, same_tokens=bool(torch.equal(out, ref) and torch.equal(plain, ref)),
+                         acceptance=st.acceptance_rate, tokens_per_cycle=1 / ticks_per_token, mean_exit=mean_exit,
+                         bytes_per_token_ordinary=ord_b, bytes_per_token_speculative=pipe_b,
+                         bandwidth_speedup=ord_b / pipe_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill,
+                         plain_steps=0, ticks=st.ticks, wasted_passes=st.wasted))
+        print_row(rows[-1])
     for cfg in configs:
         gamma = f"a{cfg.max_draft_tokens}" if cfg.adaptive else cfg.draft_tokens
         decoder = SelfSpeculativeDecoder(model, cfg)
@@ -218,6 +244,8 @@ def main(argv=None):
                          "compiled draft and verify steps (RunSettings(compile=True))")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="also a row decoding with the passes as a pipeline (γ column 'P'; tok/cyc = tokens per tick)")
     ap.add_argument("--without-draft-head", action="store_true",
                     help="checkpoints with a draft head (docs/method.md A24): also a row drafting from pass 1's own "
                          "logits (the head removed), the same weights otherwise")

@@ -43,18 +43,21 @@ def test_rows_are_judged_against_the_targets_with_the_bytes_bound_of_a_short_dec
 
 
 def test_the_speculative_benchmark_runs_and_checks_its_tokens(tmp_path, capsys):
-    """``--speculative`` on a random tiny model: every row decodes the ordinary run's tokens and reports its
-    acceptance, tokens per cycle and the bandwidth model's ratio."""
+    """``--speculative`` (and ``--pipelined``) on a random tiny model: every row decodes the ordinary run's tokens and
+    reports its acceptance, tokens per cycle (per tick) and the bandwidth model's ratio."""
     import json
 
     out = tmp_path / "rows.json"
     rows = _bench().main(["--speculative", "--shapes", "tiny:adaponder", "--batches", "1,2", "--dtypes", "fp32",
                           "--new-tokens", "6", "--context", "8", "--gammas", "1,3", "--repeats", "1",
-                          "--json", str(out)])
-    assert len(rows) == 4 and all(r["same_tokens"] for r in rows)
+                          "--pipelined", "--json", str(out)])
+    assert len(rows) == 6 and all(r["same_tokens"] for r in rows)
     assert json.loads(out.read_text())[0]["model"] == "Pythia-tiny adaponder (random)"
     by_gamma = {r["gamma"]: r for r in rows if r["batch"] == 1}
     assert 0 <= by_gamma[3]["acceptance"] <= 1 and by_gamma[3]["tokens_per_cycle"] >= 1
+    pipe = by_gamma["P"]  # at most a token per tick; at least one per K ticks once the pipeline is full
+    K = pipe["K"]
+    assert pipe["ticks"] >= 6 - 1 and 1 / K <= pipe["tokens_per_cycle"] <= 1
     assert by_gamma[1]["tokens_per_cycle"] == 1  # γ = 1: one token per cycle whatever is accepted
     assert all(r["bandwidth_speedup"] > 0 for r in rows)
     assert "bytes×" in capsys.readouterr().out

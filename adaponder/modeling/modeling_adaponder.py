@@ -28,12 +28,13 @@ from .input_checks import (ModelInputError, TokenIdError, check_generation_lengt
                            check_token_ids)
 from .pass_driver import run_passes
 from .pass_heads import HALTING_INIT_BIAS, DraftHead, PassHeads, PassSupervision, pass_supervision_losses
+from .pass_pipeline import PipelinedSpeculativeDecoder
 from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
 from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
-from .speculative import SelfSpeculativeDecoder
+from .speculative import SelfSpeculativeDecoder, pad_after_eos
 from .static_decoding import StaticDecoder
 from .static_speculative import StaticSpeculativeDecoder
 
@@ -261,7 +262,11 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         (:mod:`.speculative`: draft with the first P passes, verify with the rest): the same tokens greedily, the
         same distribution when sampling. It takes ``attention_mask``, ``max_new_tokens``, ``do_sample``,
         ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``settings`` and ``generator``.
-        ``settings`` (:class:`~.run_settings.RunSettings`) reach every forward of the call."""
+        ``settings`` (:class:`~.run_settings.RunSettings`) reach every forward of the call.
+        ``speculative="pipelined"`` runs the passes as a pipeline instead (:mod:`.pass_pipeline`: token t + 1, drafted
+        from token t's first pass, starts its passes while token t runs its later ones): greedy, equal-length prompts
+        without padding; it takes ``attention_mask`` (all ones), ``max_new_tokens``, ``eos_token_id``,
+        ``pad_token_id`` and ``settings``, and leaves its counts in ``self.speculative_stats``."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor):
             self._check_inputs(ids, None, None, None)
@@ -315,6 +320,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
         settings = kwargs.pop("settings", None)
         kwargs.pop("input_ids", None)
+        if isinstance(speculative, str):
+            return self._generate_pipelined(ids, speculative, settings, kwargs)
         if isinstance(settings, RunSettings) and settings.compile:  # draft and verify as compiled static steps
             if kwargs.get("do_sample") or any(kwargs.get(k) is not None for k in ("temperature", "top_k", "top_p",
                                                                                    "generator")):
@@ -331,6 +338,25 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
         out = decoder.generate(ids, **kwargs)
         self.speculative_stats = decoder.stats
         return out
+
+    def _generate_pipelined(self, ids, speculative: str, settings, kwargs):
+        """``generate(speculative="pipelined")``: :class:`~.pass_pipeline.PipelinedSpeculativeDecoder`."""
+        if speculative != "pipelined":
+            raise ValueError(f"speculative={speculative!r}: the named way is 'pipelined' (or give a SpeculativeConfig)")
+        sampled = [k for k in ("temperature", "top_k", "top_p", "generator") if kwargs.get(k) is not None]
+        if kwargs.get("do_sample") or sampled:
+            raise TypeError(f"pipelined decoding is greedy: {', '.join(sampled) or 'do_sample=True'} is not taken")
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            raise ValueError("pipelined decoding takes equal-length prompts without padding: attention_mask has zeros")
+        if isinstance(settings, RunSettings) and settings.compile:
+            raise ValueError("pipelined decoding runs eagerly: RunSettings(compile=True) is not taken")
+        decoder = PipelinedSpeculativeDecoder(self, settings)
+        out = decoder.generate(ids, kwargs["max_new_tokens"], kwargs["eos_token_id"])
+        self.speculative_stats = decoder.stats
+        length = ids.shape[1]
+        new = pad_after_eos(out.sequences[:, length:], kwargs["eos_token_id"], kwargs["pad_token_id"])
+        return torch.cat([ids, new], dim=1)
 
     # -- pieces of the pass loop ---------------------------------------------------------------
     def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels, past: int = 0) -> None:

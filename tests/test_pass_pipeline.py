@@ -1,0 +1,127 @@
+"""Pass-pipelined self-speculative decoding: the same tokens as ordinary greedy decoding, on the pipeline's schedule.
+
+Token t + 1 is drafted from token t's first pass and runs its passes while token t runs its later ones; a rejected
+draft drops what was computed on it. Whatever the drafts, every row's tokens and exit passes must be those of the
+cached forward decoding it alone (A15 K/V reuse and halting included); with drafts that are always right the
+sequence gains a token per tick once the pipeline is full, with drafts that are always wrong a token per K ticks.
+"""
+
+import pytest
+import torch
+
+from adaponder.modeling import AdaPonderForCausalLM
+from adaponder.modeling.exit_rules import QExit
+from adaponder.modeling.pass_driver import drive
+from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder, PipelineLayout
+from adaponder.modeling.run_settings import RunSettings
+from conftest import settings_for, tiny_config
+from test_cached_inference import random_model
+from test_depth_batching import decode_alone
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_each_row_decodes_as_it_would_alone(seed):
+    """Gated models whose tokens halt at different passes; drafts from pass 1's own logits (mostly wrong on random
+    weights: the rejection path runs)."""
+    model, ids = random_model(seed, halt_per_gate=0.5)
+    prompts = torch.cat([ids, ids.flip(0)])[:, :12]
+    decoder = PipelinedSpeculativeDecoder(model, settings_for(model))
+    res = decoder.generate(prompts, 10)
+    assert res.sequences.shape == (6, 22) and torch.equal(res.sequences[:, :12], prompts)
+    for b in range(prompts.shape[0]):
+        tokens, exits = decode_alone(model, prompts[b], 10)
+        assert res.sequences[b, 12:].tolist() == tokens, f"row {b}"
+        assert res.exit_pass[b].tolist() == exits, f"row {b}"
+    st = decoder.stats
+    assert st.ticks > 0 and st.accepted + st.rejected <= st.drafted
+
+
+def test_ponderlm_with_a_draft_head_generates_what_greedy_generate_does():
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=3, draft_head=True)).eval()
+    with torch.no_grad():
+        model.draft_head.fc_out.weight.normal_()  # a draft that is not pass 1's own logits
+    prompts = torch.randint(0, model.config.vocab_size, (3, 9))
+    ref = model.generate(prompts, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    out = model.generate(prompts, max_new_tokens=12, speculative="pipelined", pad_token_id=0)
+    assert torch.equal(out, ref)
+    st = model.speculative_stats
+    assert st.rejected > 0 and st.wasted > 0  # random drafts: the drop-and-restart path ran
+
+
+def test_eos_ends_a_row_and_generate_pads_it():
+    model, ids = random_model(1, halt_per_gate=0.3)
+    prompts = ids[:, :10]
+    first = PipelinedSpeculativeDecoder(model, settings_for(model)).generate(prompts, 8)
+    eos = int(first.sequences[0, 12])  # row 0's third generated token
+    res = PipelinedSpeculativeDecoder(model, settings_for(model)).generate(prompts, 8, eos_token_id=eos)
+    for b in range(prompts.shape[0]):
+        tokens, exits = decode_alone(model, prompts[b], 8, eos=eos)
+        n = len(tokens)
+        assert res.sequences[b, 10:10 + n].tolist() == tokens and int(res.new_tokens[b]) == n
+        assert (res.sequences[b, 10 + n:] == eos).all() and res.exit_pass[b, :n].tolist() == exits
+    out = model.generate(prompts, max_new_tokens=8, speculative="pipelined", eos_token_id=eos, pad_token_id=-1,
+                         settings=settings_for(model))
+    n = len(decode_alone(model, prompts[0], 8, eos=eos)[0])
+    assert n == 3 and (out[0, 10 + n:] == -1).all()
+
+
+def _schedule(model, prompts, new, draft):
+    """Decode with every draft replaced by ``draft(row, position, true next token)``; returns the layout."""
+    reference = [decode_alone(model, p, new)[0] for p in prompts]
+    length = prompts.shape[1]
+
+    class Drafted(PipelineLayout):
+        def feedback(self, h, state, going):
+            args = super().feedback(h, state, going)
+            for i in self.first:
+                b, t = self.live[i], self.positions[i] + 1
+                self.guess_h[i] = draft(reference[b][t - length])
+            return args
+
+    decoder = PipelinedSpeculativeDecoder(model)
+    prefill = decoder.batched.prefill(prompts, length + new)
+    K = model.config.num_passes
+    layout = Drafted(decoder.batched, prefill, prompts, K, length + new, new, None)
+    with torch.no_grad():
+        drive(model, layout, decoder.settings.rule)
+    assert [t for t in layout.tokens] == reference  # right or wrong drafts, the full model's tokens
+    return layout
+
+
+@pytest.mark.parametrize("K", [2, 4])
+def test_right_drafts_fill_the_pipeline_and_wrong_ones_cost_its_depth(K):
+    torch.manual_seed(K)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=K)).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (2, 6))
+    new = 9
+    right = _schedule(model, prompts, new, lambda y: y)
+    # token 0 comes from the prefill; token 1 after K ticks; then one per tick
+    assert right.ticks == K + new - 2
+    assert (right.stats.accepted, right.stats.rejected, right.stats.wasted) == (2 * (new - 2), 0, 0)
+    wrong = _schedule(model, prompts, new, lambda y: (y + 1) % model.config.vocab_size)
+    assert wrong.ticks == K * (new - 1)  # each token waits for the one before it to finish all K passes
+    assert wrong.stats.accepted == 0 and wrong.stats.rejected == 2 * (new - 2)
+    # each rejection drops the entries behind the finished token, the j-th behind it after K − j passes (fewer
+    # entries near the end: none is started past the last position whose prediction is wanted)
+    dropped = sum(K - j for left in range(1, new - 1) for j in range(1, min(K - 1, left) + 1))
+    assert wrong.stats.wasted == 2 * dropped
+    assert wrong.token_passes == 2 * (new - 1) * K + wrong.stats.wasted == right.token_passes + wrong.stats.wasted
+
+
+def test_bad_arguments_are_named():
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="ponderlm or adaponder"):
+        PipelinedSpeculativeDecoder(AdaPonderForCausalLM(tiny_config("loop", passes=2)).eval())
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=2, halting_heads=True)).eval()
+    with pytest.raises(ValueError, match="Q-exit"):
+        PipelinedSpeculativeDecoder(model, RunSettings(exit_rule=QExit(0.5, model.halting_heads)))
+    ids = torch.randint(0, model.config.vocab_size, (2, 5))
+    with pytest.raises(TypeError, match="greedy"):
+        model.generate(ids, max_new_tokens=3, speculative="pipelined", do_sample=True)
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="without padding"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3, speculative="pipelined")
+    with pytest.raises(ValueError, match="'pipelined'"):
+        model.generate(ids, max_new_tokens=3, speculative="pipeline")
