@@ -29,7 +29,7 @@ from adaponder.palbert.pondernet import exit_distribution, q_exit
 from conftest import tiny_config
 
 K = 4
-HEADS = dict(halting_heads=True, consistency_heads=True, draft_head=True)
+HEADS = dict(halting_heads=True, consistency_heads=True, draft_head=True, redraft_head=True)
 
 
 def _model(**extra):
@@ -83,7 +83,8 @@ def test_detached_supervision_and_the_heads_leave_the_backbone_as_plain_ponderlm
     assert reference.keys() == got.keys()
     for name in reference:  # A22–A24 add no gradient to the shared weights
         torch.testing.assert_close(got[name], reference[name], rtol=1e-5, atol=1e-7)
-    for name in ("halting_heads.weight", "consistency_heads.weight", "draft_head.fc_out.weight"):
+    for name in ("halting_heads.weight", "consistency_heads.weight", "draft_head.fc_out.weight",
+                 "redraft_head.fc_out.weight"):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     # while the attached form changes them: early passes are scored on the final target
@@ -195,6 +196,8 @@ def test_heads_need_a_looped_model_and_halting_heads_no_gates():
     base = {k: v for k, v in tiny_config("ponderlm").to_diff_dict().items() if k in AdaPonderConfig.known_keys()}
     with pytest.raises(AdaPonderConfigError, match="'draft_head' reads the passes of a looped model"):
         AdaPonderConfig.from_mapping({**base, "mode": "vanilla", "passes": 1, "draft_head": True})
+    with pytest.raises(AdaPonderConfigError, match="'redraft_head' reads pass K−1, which at passes=2 is pass 1"):
+        AdaPonderConfig.from_mapping({**base, "passes": 2, "redraft_head": True})
     with pytest.raises(AdaPonderConfigError, match="mode 'adaponder' halts by its gates"):
         AdaPonderConfig.from_mapping({**base, "mode": "adaponder", "halting_heads": True})
     with pytest.raises(ValueError, match="halting heads"):
@@ -205,15 +208,16 @@ def test_heads_need_a_looped_model_and_halting_heads_no_gates():
 def test_a_draft_head_trained_on_the_frozen_model_learns_and_changes_nothing_else():
     from adaponder.train.draft_head import draft_agreement, train_draft_head
 
-    model = _model(draft_head=True).eval()
+    model = _model(draft_head=True, redraft_head=True).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stream = np.random.default_rng(0).integers(0, 97, 4000)
     start = draft_agreement(model, stream, window=32, max_windows=8)
     train_draft_head(model, stream, steps=60, window=32, batch=4, lr=3e-3, progress=False)
     after = draft_agreement(model, stream, window=32, max_windows=8)
     assert after["draft_head"] > start["draft_head"] + 0.05, (start, after)
+    assert after["redraft_head"] > start["redraft_head"] + 0.05, (start, after)  # pass K−1's head learns too
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
-    assert changed and all(k.startswith("draft_head.") for k in changed)  # the passes are the checkpoint's
+    assert {k.split(".")[0] for k in changed} == {"draft_head", "redraft_head"}  # the passes are the checkpoint's
     assert after["pass1_logits"] == start["pass1_logits"]
 
 

@@ -66,17 +66,19 @@ def test_eos_ends_a_row_and_generate_pads_it():
     assert n == 3 and (out[0, 10 + n:] == -1).all()
 
 
-def _schedule(model, prompts, new, draft):
-    """Decode with every draft replaced by ``draft(row, position, true next token)``; returns the layout."""
+def _schedule(model, prompts, new, draft, redraft=None):
+    """Decode with every draft of pass 1 replaced by ``draft(true next token)`` (and every re-draft of pass K−1 by
+    ``redraft(...)``); returns the layout."""
     reference = [decode_alone(model, p, new)[0] for p in prompts]
     length = prompts.shape[1]
 
     class Drafted(PipelineLayout):
         def feedback(self, h, state, going):
             args = super().feedback(h, state, going)
-            for i in self.first:
-                b, t = self.live[i], self.positions[i] + 1
-                self.guess_h[i] = draft(reference[b][t - length])
+            for which, rule in ((self.first, draft), (self.late, redraft)):
+                for i in which:
+                    b, t = self.live[i], self.positions[i] + 1
+                    self.guess_h[i] = rule(reference[b][t - length])
             return args
 
     decoder = PipelinedSpeculativeDecoder(model)
@@ -107,6 +109,33 @@ def test_right_drafts_fill_the_pipeline_and_wrong_ones_cost_its_depth(K):
     dropped = sum(K - j for left in range(1, new - 1) for j in range(1, min(K - 1, left) + 1))
     assert wrong.stats.wasted == 2 * dropped
     assert wrong.token_passes == 2 * (new - 1) * K + wrong.stats.wasted == right.token_passes + wrong.stats.wasted
+
+
+@pytest.mark.parametrize("K", [3, 4])
+def test_a_re_draft_of_pass_k_minus_1_restarts_a_wrong_draft_early(K):
+    torch.manual_seed(K)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=K, redraft_head=True)).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (2, 6))
+    new, V = 9, model.config.vocab_size
+    fixed = _schedule(model, prompts, new, lambda y: (y + 1) % V, redraft=lambda y: y)
+    # every first draft is wrong and every re-draft right: token j + 1 starts K − 1 ticks after token j
+    assert fixed.ticks == K + (K - 1) * (new - 2) < K * (new - 1)
+    assert fixed.stats.redrafted == 2 * (new - 2) and fixed.stats.rejected == 0
+    assert fixed.stats.accepted == 2 * (new - 2)
+    # a re-draft that is wrong where the first draft was right costs what a rejection costs
+    spoiled = _schedule(model, prompts, new, lambda y: y, redraft=lambda y: (y + 1) % V)
+    assert spoiled.ticks == K * (new - 1) and spoiled.stats.rejected == 2 * (new - 2)
+
+
+def test_a_trained_re_draft_head_keeps_greedy_output():
+    torch.manual_seed(1)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=4, draft_head=True, redraft_head=True)).eval()
+    with torch.no_grad():
+        model.redraft_head.fc_out.weight.normal_()
+    prompts = torch.randint(0, model.config.vocab_size, (3, 8))
+    ref = model.generate(prompts, max_new_tokens=14, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(prompts, max_new_tokens=14, speculative="pipelined"), ref)
+    assert model.speculative_stats.redrafted > 0
 
 
 def test_bad_arguments_are_named():

@@ -4,8 +4,10 @@ looped checkpoint, written with the checkpoint to a new folder.
     adaponder train-draft CKPT --data PREPARED --out CKPT-draft [--steps 1500 --window 256 --batch 2 --lr 1e-3]
 
 Every weight of CKPT is kept as it is (the new folder's forward equals CKPT's); the head learns to predict the
-full model's distribution from pass 1's state. Decoding with ``speculative=SpeculativeConfig(1, γ)`` then drafts
-with it. Prints the draft's agreement with the full model on the held-out split before and after.
+full model's distribution from pass 1's state. Decoding with ``speculative=SpeculativeConfig(1, γ)`` or
+``speculative="pipelined"`` then drafts with it. ``--redraft`` adds and trains a second head on pass K−1's state,
+with which pipelined decoding drafts each token again before the full model's verdict (K ≥ 3). Prints the drafts'
+agreement with the full model on the held-out split before and after.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--redraft", action="store_true", help="also a re-draft head on pass K−1 (pipelined decoding)")
     args = p.parse_args(argv)
     for name in ("steps", "window", "batch"):
         if getattr(args, name) < 1:
@@ -59,20 +62,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.mode not in ("ponderlm", "loop", "adaponder") or config.num_passes < 2:
         raise UsageError(f"{ckpt}: a {config.mode} model with {config.num_passes} pass(es) has no passes to draft "
                          "from; a draft head needs a looped model")
-    model = AdaPonderForCausalLM.from_pretrained(ckpt, draft_head=True).eval()
+    if args.redraft and config.num_passes < 3:
+        raise UsageError(f"--redraft: {ckpt} has K = {config.num_passes} passes; pass K−1 is pass 1, which the draft "
+                         "head reads already")
+    heads = dict(draft_head=True, **({"redraft_head": True} if args.redraft else {}))
+    model = AdaPonderForCausalLM.from_pretrained(ckpt, **heads).eval()
     train, val = split_stream(data, "train"), split_stream(data, "val")
     if int(train.max()) >= config.vocab_size:
         raise UsageError(f"--data {data}: token ids up to {int(train.max())}, beyond the checkpoint's vocabulary "
                          f"({config.vocab_size}); use the data the checkpoint was trained on")
     before = draft_head.draft_agreement(model, val, args.window)
-    print(f"agreement with the full model before: draft head {before['draft_head']:.3f}, pass-1 logits "
-          f"{before['pass1_logits']:.3f} ({before['positions']} held-out positions)")
+    print(f"agreement with the full model before: {_agreement(before)} ({before['positions']} held-out positions)")
     out.mkdir(parents=True, exist_ok=True)
     summary = draft_head.train_draft_head(model, train, args.steps, args.window, args.batch, args.lr, args.seed,
                                           log=out / "draft_metrics.jsonl")
     after = draft_head.draft_agreement(model, val, args.window)
-    print(f"agreement with the full model after: draft head {after['draft_head']:.3f}, pass-1 logits "
-          f"{after['pass1_logits']:.3f}")
+    print(f"agreement with the full model after: {_agreement(after)}")
     model.save_pretrained(out)
     for extra in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "exit_calibration.json"):
         if (Path(ckpt) / extra).is_file():
@@ -82,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     default=str))
     print(f"written: {out}")
     return 0
+
+
+def _agreement(figures: dict) -> str:
+    names = {"draft_head": "draft head", "pass1_logits": "pass-1 logits", "redraft_head": "re-draft head (pass K−1)"}
+    return ", ".join(f"{label} {figures[key]:.3f}" for key, label in names.items() if key in figures)
 
 
 if __name__ == "__main__":

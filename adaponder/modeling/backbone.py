@@ -69,10 +69,11 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         cfg = self.config
-        draft = getattr(self, "draft_head", None)
-        if draft is not None and any(module is m for m in draft.modules()):  # its own recipe, whichever part is visited
-            draft.reset_parameters(cfg.initializer_range)
-            return
+        for name in ("draft_head", "redraft_head"):
+            draft = getattr(self, name, None)
+            if draft is not None and any(module is m for m in draft.modules()):  # its own recipe, whichever part
+                draft.reset_parameters(cfg.initializer_range)                    # is visited
+                return
         if isinstance(module, PassHeads):
             module.reset_parameters(cfg.initializer_range)
             return

@@ -74,6 +74,8 @@ class AdaPonderConfig(GPTNeoXConfig):
             detached states and read by the calibrated consistency exit.
         draft_head: a head on pass 1's state that predicts the full model's distribution (A24), trained with the
             gradient stopped at the backbone; self-speculative decoding drafts with it.
+        redraft_head: the same kind of head on pass K−1's state (A24); pipelined decoding drafts the next token
+            again from it and restarts that token early where it disagrees with the first draft. Needs K ≥ 3.
         passes: K, the number of passes. ``None`` = the mode's default (1 for vanilla, 4 otherwise).
         input_scale: c of A1 (``E⁰ = c·Ẽ[x]``). PonderLM's recipe: 1 for 70M/160M, K−1 for 410M and up.
         embedding_multiplier: α of ``Ẽ = α·W_E`` (A1). ``None`` = sqrt(hidden_size) as in A1. Only the
@@ -102,6 +104,7 @@ class AdaPonderConfig(GPTNeoXConfig):
     halting_heads: bool = False
     consistency_heads: bool = False
     draft_head: bool = False
+    redraft_head: bool = False
 
     def __post_init__(self, **kwargs):
         for key in LEGACY_RUN_KEYS:  # run-time settings that older configs held: not the model's any more
@@ -196,7 +199,8 @@ def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
     names = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
              "mode", "passes", "gate_hidden_mult", "gate_activation", "input_scale",
              "embedding_multiplier", "rope_parameters", "max_position_embeddings",
-             "pause_tokens", "init", "halting_heads", "consistency_heads", "draft_head")
+             "pause_tokens", "init", "halting_heads", "consistency_heads", "draft_head",
+             "redraft_head")
     return {n: getattr(cfg, n) for n in names}
 
 
@@ -207,7 +211,7 @@ def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
     floats = {"input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
     bools = {"use_parallel_residual", "tie_word_embeddings", "attention_bias", "use_cache", "halting_heads",
-             "consistency_heads", "draft_head"}
+             "consistency_heads", "draft_head", "redraft_head"}
     problems = []
     for key, val in values.items():
         if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):
@@ -240,10 +244,13 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
         elif pauses < 0:
             problems.append(f"'pause_tokens' (P of A19) must be >= 0, got {pauses}")
     looped = mode in ("ponderlm", "loop", "adaponder") and (not isinstance(passes, int) or passes > 1)
-    for key in ("halting_heads", "consistency_heads", "draft_head"):
+    for key in ("halting_heads", "consistency_heads", "draft_head", "redraft_head"):
         if v.get(key) is True and not looped:
             problems.append(f"'{key}' reads the passes of a looped model (ponderlm, loop or adaponder with passes "
                             f"> 1); got mode {mode!r} with passes={passes}")
+    if v.get("redraft_head") is True and looped and isinstance(passes, int) and passes < 3:
+        problems.append(f"'redraft_head' reads pass K−1, which at passes={passes} is pass 1, the draft head's: use "
+                        "'draft_head' (or passes >= 3)")
     if v.get("halting_heads") is True and mode == "adaponder":
         problems.append("'halting_heads' give a model without gates its halting probabilities (A21); mode "
                         "'adaponder' halts by its gates (A5): use mode 'ponderlm' or 'loop'")

@@ -49,7 +49,7 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: ``[B, T, K-1]`` bool, the gates of the pool G of A11 (active, not padding).
     active_fraction: ``[K]`` fraction of non-padding tokens active in each pass.
     pass_logits: the logits z^i of every pass (only with ``return_pass_logits=True``).
-    aux_losses: the pass heads' training terms (A21–A24: ``halting_kl``, ``consistency``, ``draft``), scalars
+    aux_losses: the pass heads' training terms (A21–A24: ``halting_kl``, ``consistency``, ``draft``, ``redraft``), scalars
         with graphs; None when there are none. ``loss`` already holds A21/A22's expected loss.
     """
 
@@ -88,6 +88,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             self.halting_heads = PassHeads(k, d, HALTING_INIT_BIAS) if config.halting_heads else None
             self.consistency_heads = PassHeads(k, d) if config.consistency_heads else None
             self.draft_head = DraftHead(d) if config.draft_head else None
+            self.redraft_head = DraftHead(d) if config.redraft_head else None
         self.pass_checkpointing = False
         self.post_init()
 
@@ -180,7 +181,8 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             raise ValueError(f"per-pass supervision {pass_supervision.kind!r} needs halting heads "
                              "(model.halting_heads: true)")
         keep_states = torch.is_grad_enabled() and targets is not None and (
-            per_pass or self.consistency_heads is not None or self.draft_head is not None)
+            per_pass or self.consistency_heads is not None or self.draft_head is not None
+            or self.redraft_head is not None)
         run = run_passes(self, ctx, KVAligner(cfg.num_hidden_layers, cache), settings=settings,
                          gate_warmup=gate_warmup, return_pass_logits=return_pass_logits,
                          return_pass_states=keep_states)

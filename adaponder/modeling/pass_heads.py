@@ -162,11 +162,15 @@ def pass_supervision_losses(model, pass_states: list[torch.Tensor], targets: tor
             agree = torch.stack([g == greedy[-1] for g in greedy[:-1]], dim=1).float()
         logits = model.consistency_heads.all_passes([h.detach() for h in flat])
         out["consistency"] = F.binary_cross_entropy_with_logits(logits, agree)
-    if getattr(model, "draft_head", None) is not None:  # A24
+    drafts = [(name, head, state) for name, head, state in (("draft", getattr(model, "draft_head", None), flat[0]),
+                                                             ("redraft", getattr(model, "redraft_head", None), flat[-2]))
+              if head is not None]
+    if drafts:  # A24: pass 1's head and pass K−1's, each against the full model's distribution, states detached
         with torch.no_grad():
             teacher = F.softmax(F.linear(flat[-1], w).float(), dim=-1)
-        draft = F.log_softmax(F.linear(model.draft_head(flat[0].detach()), w.detach()).float(), dim=-1)
-        out["draft"] = -(teacher * draft).sum(-1).mean()
+        for name, head, state in drafts:
+            draft = F.log_softmax(F.linear(head(state.detach()), w.detach()).float(), dim=-1)
+            out[name] = -(teacher * draft).sum(-1).mean()
     return out
 
 

@@ -19,6 +19,11 @@ per token, about ``1 + (1 − α)(K − 1)`` ticks per token: K / that is the sp
 against ``tokens per cycle · K / (γ + K − 1)`` for draft-then-verify cycles (:mod:`.speculative`), which pay the
 draft passes and the verification one after the other.
 
+A model with a re-draft head (``redraft_head``, A24: the draft head's recipe on pass K−1's state) drafts token
+``t + 1`` again when token ``t`` finishes pass K − 1; where the re-draft differs from the token fed, the entries from
+``t + 1`` on are dropped and the re-draft starts at once — K − 2 ticks before the full model's verdict would have
+dropped them.
+
 Every emitted token is the full model's greedy token computed on verified inputs (A15 K/V reuse included: a token
 that halts early copies its K/V to the later passes at once, before any later token reaches them), so the output is
 token for token that of ordinary greedy decoding. A token that halts is complete at its exit pass; the draft of the
@@ -44,8 +49,9 @@ from .run_settings import RunSettings
 @dataclass
 class PipelineStats:
     """``ticks`` stack runs after the prefill; ``token_passes`` the entry-passes they computed; ``wasted`` those of
-    entries dropped after a rejected draft; ``drafted`` speculative entries started; ``accepted`` / ``rejected``
-    drafts verified equal / different (a draft dropped behind a rejected one is neither)."""
+    entries dropped (behind a rejected draft or a re-draft); ``drafted`` speculative entries started from pass 1's
+    drafts; ``redrafted`` drafts replaced by pass K−1's (the re-draft head); ``accepted`` / ``rejected`` drafts
+    verified equal / different (a draft dropped behind a rejected one is neither)."""
 
     ticks: int = 0
     token_passes: int = 0
@@ -53,6 +59,7 @@ class PipelineStats:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0
+    redrafted: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -135,17 +142,31 @@ class PipelineLayout(TickLayout):
         self.last_input = self.length + max_new_tokens - 2  # the last position whose prediction is still wanted
         self.stats = PipelineStats()
         model = decoder.model
-        self.draft_head = getattr(model, "draft_head", None) is not None
+        self.heads = [getattr(model, "draft_head", None)]  # the draft of pass 1's entries (None: their own logits)
+        # pass K−1's entries draft again where the model has a head for that pass (and runs its K passes)
+        redraft = getattr(model, "redraft_head", None)
+        self.late_pass = K - 1 if redraft is not None and K == model.config.num_passes else None
+        self.heads.append(redraft if self.late_pass is not None else None)
 
     def exit_view(self, h, needs):
-        """The depth-batched tick's view, with each entry's own token, and the drafts of the rows' newest tokens read
-        through the draft head (A24) in the same product with the head as every entry's logits."""
+        """The depth-batched tick's view, with each entry's own token; the drafts of pass 1's entries and the
+        re-drafts of pass K−1's, through their heads (A24), in the one product with W_out that every entry's logits
+        take."""
         self.s = None if self.gates is None else self.gates(h, self.passes)  # [n] float (A5)
         self.first = [i for i, p in enumerate(self.passes) if p == 1]
-        drafting = self.draft_head and self.first
-        rows = torch.cat([h, self.model.draft_head(h.index_select(0, _index(self.first, h.device)))]) if drafting else h
-        z = self.model.lm_head(rows)
-        self.z, self.z_draft = (z[:h.shape[0]], z[h.shape[0]:]) if drafting else (z, None)
+        self.late = [i for i, p in enumerate(self.passes) if p == self.late_pass]
+        rows, parts = [h], []
+        for head, which in zip(self.heads, (self.first, self.late)):
+            if head is not None and which:
+                rows.append(head(h.index_select(0, _index(which, h.device))))
+                parts.append((which, len(rows) - 1))
+        z = self.model.lm_head(torch.cat(rows) if len(rows) > 1 else h)
+        sizes = [len(r) for r in rows]
+        pieces = z.split(sizes) if len(rows) > 1 else (z,)
+        self.z = pieces[0]
+        self.drafts = [(which, pieces[k]) for which, k in parts]
+        if self.heads[0] is None and self.first:  # no draft head: pass 1's own logits draft
+            self.drafts.append((self.first, None))
         view = PassView(pass_idx=self.pass_t, num_passes=self.K, active=torch.ones_like(self.pass_t, dtype=torch.bool),
                         gate=self.s, logits=self.z if "logits" in needs else None, hidden=h,
                         token_ids=_index(self.feeds, self.device) if "token_ids" in needs else None, carry=self.carry)
@@ -156,9 +177,9 @@ class PipelineLayout(TickLayout):
         z = self.z
         stop = self.pass_t >= self.K if going is None else ~going
         guess = z.new_zeros(len(self.passes), dtype=torch.long)
-        if self.first:  # pass 1's own logits where the model has no draft head
-            drafted = self.z_draft if self.z_draft is not None else z.index_select(0, _index(self.first, z.device))
-            guess = guess.index_copy(0, _index(self.first, z.device), drafted.argmax(-1))
+        for which, logits in self.drafts:
+            idx = _index(which, z.device)
+            guess = guess.index_copy(0, idx, (z.index_select(0, idx) if logits is None else logits).argmax(-1))
         self.halt_h, self.nxt_h, self.guess_h = torch.stack([stop.long(), z.argmax(-1), guess]).tolist()
         go = [i for i, s in enumerate(self.halt_h) if not s]
         if not go:
@@ -197,6 +218,7 @@ class PipelineLayout(TickLayout):
         entries = [(live[i], passes[i] + 1, positions[i], feeds[i], i) for i in keep]
         for b in sorted({b for b in live}):
             entries, starts = self._verify(b, entries, starts)
+        entries, starts = self._redraft(entries, starts)
         old = [e[4] for e in entries]
         E = self.E
         if len(old) < E.shape[0] or old != list(range(len(old))):
@@ -234,6 +256,22 @@ class PipelineLayout(TickLayout):
                 starts.append((b, nxt, y))
                 fed[nxt] = y
             return entries, starts
+
+    def _redraft(self, entries, starts):
+        """Pass K−1's entries that go on draft their next token again (the re-draft head): where that differs from
+        the token fed there, the row's entries from there on are dropped and the new draft starts in their place —
+        K − 2 ticks sooner than the full model's verdict would have dropped them."""
+        running = {e[4] for e in entries}  # (an entry this tick's verification dropped has nothing behind it)
+        for i in self.late:
+            b, t, guess = self.live[i], self.positions[i] + 1, self.guess_h[i]
+            if i not in running or self.fed[b].get(t, guess) == guess:
+                continue
+            entries, starts = self._drop(b, t, entries, starts)
+            self.stats.redrafted += 1
+            if self.eos is None or guess != self.eos:
+                starts.append((b, t, guess))
+                self.fed[b][t] = guess
+        return entries, starts
 
     def _drop(self, b, start, entries, starts):
         """Row ``b``'s entries (running or about to start) and predictions at positions ≥ ``start`` removed."""

@@ -1,6 +1,7 @@
 """Training a draft head on a frozen looped model (docs/method.md A24): every weight of the model stays as it is, so
 its forward — and so its perplexity, its answers, its exits — is exactly the checkpoint's; only the head learns to
-predict the full model's distribution from pass 1's state.
+predict the full model's distribution from pass 1's state (and a re-draft head, where the model has one, from pass
+K−1's).
 
 Trained jointly with the model (``model.draft_head: true``), the head chases a teacher that changes under it and
 learns while the learning rate decays; trained here, on the finished model, it sees its final teacher at a steady
@@ -25,15 +26,21 @@ from adaponder.modeling.ponder_cache import KVAligner
 from adaponder.modeling.run_settings import RunSettings
 
 
-def pass1_and_final(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 1's final-LN states ``[N, d]`` and the full model's logits ``[N, V]`` of the windows ``ids`` ``[B, T]``,
-    without gradients (every token runs all K passes)."""
+def pass_states_and_final(model, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Every pass's final-LN states ``[N, d]`` and the full model's logits ``[N, V]`` of the windows ``ids``
+    ``[B, T]``, without gradients (every token runs all K passes)."""
     with torch.no_grad():
         ctx = model.pass_context(ids)
         run = run_passes(model, ctx, KVAligner(model.config.num_hidden_layers, None),
                          settings=RunSettings(exit_rule=NoHalting(), compact=False), return_pass_states=True)
-        h1 = run.pass_states[0].reshape(-1, run.pass_states[0].shape[-1])
-        return h1, model.lm_head(run.h_hat).reshape(-1, model.config.vocab_size)
+        states = [h.reshape(-1, h.shape[-1]) for h in run.pass_states]
+        return states, model.lm_head(run.h_hat).reshape(-1, model.config.vocab_size)
+
+
+def draft_heads(model) -> list[tuple[str, torch.nn.Module, int]]:
+    """The model's draft heads as ``(name, head, index of the pass state it reads)``: pass 1's, pass K−1's."""
+    heads = [("draft_head", model.draft_head, 0), ("redraft_head", getattr(model, "redraft_head", None), -2)]
+    return [(name, head, i) for name, head, i in heads if head is not None]
 
 
 def windows(stream: np.ndarray, window: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
@@ -48,19 +55,20 @@ def windows(stream: np.ndarray, window: int, batch: int, seed: int) -> Iterator[
 
 def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int = 256, batch: int = 2,
                      lr: float = 1e-3, seed: int = 0, log: Path | None = None, progress: bool = True) -> dict:
-    """Train ``model.draft_head`` (every other weight frozen) for ``steps`` batches of the token ``stream``: cross-
-    entropy against the full model's distribution, AdamW at ``lr`` with a cosine decay to 0.1·lr. Returns the
-    final figures; ``log`` gets one JSON line per 50 steps."""
+    """Train ``model.draft_head`` (and ``model.redraft_head`` where it has one; every other weight frozen) for
+    ``steps`` batches of the token ``stream``: cross-entropy against the full model's distribution, AdamW at ``lr``
+    with a cosine decay to 0.1·lr. Returns the final figures; ``log`` gets one JSON line per 50 steps."""
     if model.draft_head is None:
         raise ValueError("the model has no draft head: load it with draft_head=True")
     torch.manual_seed(seed)
     for p in model.parameters():
         p.requires_grad_(False)
-    head = model.draft_head
-    for p in head.parameters():
+    heads = draft_heads(model)
+    params = [p for _, head, _ in heads for p in head.parameters()]
+    for p in params:
         p.requires_grad_(True)
     model.eval()
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     w = model.lm_head.weight.detach()
     it = windows(stream, window, batch, seed)
     sink = open(log, "w", encoding="utf-8") if log else None
@@ -70,9 +78,11 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
         for step in bar:
             for g in opt.param_groups:
                 g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(steps, 1))))
-            h1, final = pass1_and_final(model, next(it))
-            logits = F.linear(head(h1), w).float()
-            loss = -(F.softmax(final.float(), -1) * F.log_softmax(logits, -1)).sum(-1).mean()
+            states, final = pass_states_and_final(model, next(it))
+            teacher = F.softmax(final.float(), -1)
+            all_logits = [F.linear(head(states[i]), w).float() for _, head, i in heads]
+            loss = sum(-(teacher * F.log_softmax(logits, -1)).sum(-1).mean() for logits in all_logits)
+            logits = all_logits[0]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -93,17 +103,20 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
 
 @torch.no_grad()
 def draft_agreement(model, stream: np.ndarray, window: int = 256, max_windows: int = 32) -> dict:
-    """Per position, how often the draft's greedy token (the draft head's, and pass 1's own logits') is the full
-    model's, teacher-forced on windows of ``stream``."""
-    hits = own = total = 0
+    """Per position, how often the draft's greedy token (the draft head's, pass 1's own logits', and the re-draft
+    head's where the model has one) is the full model's, teacher-forced on windows of ``stream``."""
+    heads = [(name, head, i) for name, head, i in draft_heads(model) if name != "draft_head"]
+    hits, total = dict.fromkeys(["draft_head", "pass1_logits", *[name for name, _, _ in heads]], 0), 0
     for s in range(0, min(len(stream) - window, max_windows * window), window):
         ids = torch.from_numpy(np.asarray(stream[s:s + window], dtype=np.int64))[None]
-        h1, final = pass1_and_final(model, ids)
+        states, final = pass_states_and_final(model, ids)
         target = final.argmax(-1)
-        hits += int((model.draft_logits(h1).argmax(-1) == target).sum())
-        own += int((model.lm_head(h1).argmax(-1) == target).sum())
+        hits["draft_head"] += int((model.draft_logits(states[0]).argmax(-1) == target).sum())
+        hits["pass1_logits"] += int((model.lm_head(states[0]).argmax(-1) == target).sum())
+        for name, head, i in heads:
+            hits[name] += int((model.lm_head(head(states[i])).argmax(-1) == target).sum())
         total += target.numel()
-    return {"draft_head": hits / max(total, 1), "pass1_logits": own / max(total, 1), "positions": total}
+    return {**{name: n / max(total, 1) for name, n in hits.items()}, "positions": total}
 
 
-__all__ = ["draft_agreement", "pass1_and_final", "train_draft_head", "windows"]
+__all__ = ["draft_agreement", "draft_heads", "pass_states_and_final", "train_draft_head", "windows"]

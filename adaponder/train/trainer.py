@@ -99,7 +99,8 @@ class Trainer:
     structural_keys = ("mode", "passes", "hidden_size", "num_hidden_layers", "num_attention_heads",
                        "intermediate_size", "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale",
                        "embedding_multiplier", "use_parallel_residual", "tie_word_embeddings",
-                       "max_position_embeddings", "halting_heads", "consistency_heads", "draft_head")
+                       "max_position_embeddings", "halting_heads", "consistency_heads", "draft_head",
+                       "redraft_head")
 
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         self.cfg = cfg
