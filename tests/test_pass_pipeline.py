@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM
+from adaponder.modeling.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import QExit
 from adaponder.modeling.pass_driver import drive
 from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder, PipelineLayout
@@ -136,6 +137,18 @@ def test_a_trained_re_draft_head_keeps_greedy_output():
     ref = model.generate(prompts, max_new_tokens=14, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(prompts, max_new_tokens=14, speculative="pipelined"), ref)
     assert model.speculative_stats.redrafted > 0
+
+
+@pytest.mark.parametrize("new", [1, 2])
+def test_the_shortest_generations_equal_greedy(new):
+    """One new token is the prefill's alone (no tick runs: the depth-batched decoder starts with no live row)."""
+    torch.manual_seed(0)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=4, draft_head=True, redraft_head=True)).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (2, 7))
+    ref = model.generate(prompts, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(prompts, max_new_tokens=new, speculative="pipelined"), ref)
+    assert torch.equal(DepthBatchedDecoder(model).generate(prompts, new).sequences, ref)
+    assert model.speculative_stats.ticks == (0 if new == 1 else model.config.num_passes)
 
 
 def test_bad_arguments_are_named():

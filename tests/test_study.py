@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 ARMS = ["vanilla", "ponderlm", "loop", "pause", "adaponder-paper", "adaponder-strong", "ponderlm-k1", "adaponder-warm",
-        "ponderlm-draft", "ponderlm-pondernet"]
+        "ponderlm-draft", "ponderlm-pondernet", "ponderlm-detached"]
 
 
 def _tiny_corpus(folder: Path) -> Path:
@@ -49,7 +49,7 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     tmp, proc = study
     results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
     expected = {f"{a}-s1234" for a in ARMS} | {f"{a}-s4321" for a in ("vanilla", "ponderlm", "adaponder-paper",
-                                                                       "ponderlm-draft")}
+                                                                       "ponderlm-draft", "ponderlm-pondernet")}
     assert set(results) == expected
     for res in results.values():
         assert res["train"]["tokens"] == 2048 and res["heldout"]["tokens"] > 0

@@ -408,7 +408,7 @@ class TickLayout:
     def _first_input(self, token_ids: list[int]) -> torch.Tensor:
         """E⁰ = c·Ẽ[x] of the given tokens (A1), ``[n, d]``."""
         embed = self.model.gpt_neox.embed_in
-        return first_input(embed(torch.tensor(token_ids, device=self.device)), self.model.config.first_pass_scale)
+        return first_input(embed(_index(token_ids, self.device)), self.model.config.first_pass_scale)
 
     def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, plan: RowPlan) -> torch.Tensor:
         neox = self.model.gpt_neox
