@@ -355,14 +355,17 @@ class TickLayout:
     def feedback(self, h, state, going):
         """E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering (the softmax in place: z is not read
         afterwards)."""
-        z = self.z
-        self.halt_h, self.nxt_h = torch.stack([(~going).long(), z.argmax(-1)]).tolist()  # the tick's one host sync
+        self.halt_h, self.nxt_h = torch.stack([(~going).long(), self.z.argmax(-1)]).tolist()  # the one host sync
+        return self._pondering_args()
+
+    def _pondering_args(self) -> dict | None:
+        """:func:`~.pass_driver.feed_back`'s arguments for the rows that go on (``halt_h`` read), None if none does."""
         go = [i for i, stop in enumerate(self.halt_h) if not stop]
         if not go:
             return None
         self.pondering_ticks += 1
         idx = _index(go, self.device)
-        return dict(E=self.E, dest=idx, logits=z.index_select(0, idx), in_place=True,
+        return dict(E=self.E, dest=idx, logits=self.z.index_select(0, idx), in_place=True,
                     weight=None if self.s is None else self.s.index_select(0, idx))
 
     def advance(self, E, going):

@@ -181,13 +181,7 @@ class PipelineLayout(TickLayout):
             idx = _index(which, z.device)
             guess = guess.index_copy(0, idx, (z.index_select(0, idx) if logits is None else logits).argmax(-1))
         self.halt_h, self.nxt_h, self.guess_h = torch.stack([stop.long(), z.argmax(-1), guess]).tolist()
-        go = [i for i, s in enumerate(self.halt_h) if not s]
-        if not go:
-            return None
-        self.pondering_ticks += 1
-        idx = _index(go, self.device)
-        return dict(E=self.E, dest=idx, logits=z.index_select(0, idx), in_place=True,
-                    weight=None if self.s is None else self.s.index_select(0, idx))
+        return self._pondering_args()
 
     def advance(self, E, going):
         if E is not None:
