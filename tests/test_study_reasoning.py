@@ -120,6 +120,25 @@ def test_goals_are_computed_against_the_seed_spread():
     assert "worst -0.040 at H=2" in rows[3]["numbers"]
 
 
+def test_the_noise_floor_leaves_out_arms_read_at_their_exits():
+    """An arm trained by PonderNet's expected loss alone (A21) is read at its exits: the seed spread of its
+    all-passes perplexity is reported beside the noise floor, not used as the floor for every claim."""
+    from adaponder.study.report import arm_spreads, check_claims, seed_spread
+
+    def res(arm, seed, ppl, per_pass=None):
+        overrides = {"model.mode": "ponderlm"} | ({"schedule.per_pass": per_pass} if per_pass else {})
+        return {"arm": arm, "seed": seed, "heldout": {"ppl": ppl}, "overrides": overrides}
+
+    results = [res("vanilla", 1, 150.0), res("vanilla", 2, 152.0), res("ponderlm", 1, 143.5), res("ponderlm", 2, 145.5),
+               res("ponderlm-pondernet", 1, 145.6, "pondernet"), res("ponderlm-pondernet", 2, 158.5, "pondernet")]
+    assert arm_spreads(results)["ponderlm-pondernet"] == pytest.approx(12.9)
+    assert seed_spread(results) == pytest.approx(2.0)
+    assert check_claims(results)[0]["verdict"] == "holds"  # 151.0 − 144.5 = 6.5 > 2.0
+    detached = [dict(r, overrides={**r["overrides"], "schedule.per_pass": "pondernet-detached"})
+                if r["arm"] == "ponderlm-pondernet" else r for r in results]
+    assert seed_spread(detached) == pytest.approx(12.9)  # trained for its last pass: its spread counts
+
+
 def test_token_trend_table_gain_and_verdict(tmp_path):
     from adaponder.study import trend
     from adaponder.study.report import seed_spread
