@@ -219,6 +219,22 @@ def print_row(r: dict) -> None:
               if "compiled_speedup" in r else ""), flush=True)
 
 
+def print_medians(rows: list[dict]) -> None:
+    """Per model, dtype, batch and γ: the median × over the prompts, its range, and whether every prompt gave
+    ordinary decoding's tokens."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["dtype"], r["batch"], str(r["gamma"])), []).append(r)
+    print(f"\nover {len({r['prompt'] for r in rows})} prompts: median × (range), median tok/cyc, all same")
+    for (model, dtype, batch, gamma), rs in groups.items():
+        x = [r["speedup"] for r in rs]
+        print(f"{model[-34:]:<34} {dtype:>5} {batch:>3} {gamma:>3}  × {statistics.median(x):.2f} "
+              f"({min(x):.2f}–{max(x):.2f})  tok/cyc {statistics.median(r['tokens_per_cycle'] for r in rs):.2f}  "
+              f"same {'yes' if all(r['same_tokens'] for r in rs) else 'NO'}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", action="append", default=[], help="a trained checkpoint folder (repeatable)")
@@ -238,6 +254,9 @@ def main(argv=None):
     ap.add_argument("--adaptive-max", type=int, default=SpeculativeConfig.max_draft_tokens,
                     help="the adaptive row's largest γ (default: SpeculativeConfig's, %(default)s)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=1,
+                    help="decode this many different prompts (batches of them) per row and print each row's median "
+                         "and range of × over them: one prompt's figure depends on how predictable its text is")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--compiled", action="store_true",
                     help="also compiled: ordinary decoding on the compiled static step against speculation with "
@@ -271,9 +290,14 @@ def main(argv=None):
                 bare.draft_head = None  # drafts from pass 1's own logits; the forward is unchanged
                 variants.append((bare.to(args.device), name + " (no draft head)"))
             for batch in batches:
-                ids = prompts(model, spec, args.prompt_text, batch, args.context, args.prompt_data).to(args.device)
-                for m, label in variants:
-                    rows += bench_one(m, label, ids, args, dtype_name)
+                every = prompts(model, spec, args.prompt_text, batch * args.prompts, args.context,
+                                args.prompt_data).to(args.device)
+                for k in range(args.prompts):
+                    ids = every[k * batch:(k + 1) * batch]
+                    for m, label in variants:
+                        rows += [dict(r, prompt=k) for r in bench_one(m, label, ids, args, dtype_name)]
+    if args.prompts > 1:
+        print_medians(rows)
     print("\nord = ordinary cached decoding (the faster of generate and a plain loop), spec = speculative; tok/s of the\n"
           "whole call (the same prefill in both; prefill alone: prefill_s in --json); × = spec/ord; same = identical greedy tokens; accept = accepted\n"
           "drafts / drafted; tok/cyc = tokens each row gains per cycle; D̄ = mean exit pass of the decoded tokens;\n"
@@ -293,7 +317,7 @@ def _checked_arguments(args) -> list[int]:
     try:
         args.gammas = number_list(args.gammas, "--gammas", int, 1, "γ")
         batches = number_list(args.batches, "--batches", int, 1, "batch size")
-        for name in ("context", "new_tokens", "draft_passes", "repeats"):
+        for name in ("context", "new_tokens", "draft_passes", "repeats", "prompts"):
             number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
         unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
         if unknown:

@@ -50,14 +50,16 @@ def test_the_speculative_benchmark_runs_and_checks_its_tokens(tmp_path, capsys):
     out = tmp_path / "rows.json"
     rows = _bench().main(["--speculative", "--shapes", "tiny:adaponder", "--batches", "1,2", "--dtypes", "fp32",
                           "--new-tokens", "6", "--context", "8", "--gammas", "1,3", "--repeats", "1",
-                          "--pipelined", "--json", str(out)])
-    assert len(rows) == 6 and all(r["same_tokens"] for r in rows)
+                          "--pipelined", "--prompts", "2", "--json", str(out)])
+    assert len(rows) == 12 and all(r["same_tokens"] for r in rows)  # 2 batch sizes × 3 rows × 2 prompts
+    assert {r["prompt"] for r in rows} == {0, 1}
     assert json.loads(out.read_text())[0]["model"] == "Pythia-tiny adaponder (random)"
-    by_gamma = {r["gamma"]: r for r in rows if r["batch"] == 1}
+    by_gamma = {r["gamma"]: r for r in rows if r["batch"] == 1 and r["prompt"] == 0}
     assert 0 <= by_gamma[3]["acceptance"] <= 1 and by_gamma[3]["tokens_per_cycle"] >= 1
     pipe = by_gamma["P"]  # at most a token per tick; at least one per K ticks once the pipeline is full
     K = pipe["K"]
     assert pipe["ticks"] >= 6 - 1 and 1 / K <= pipe["tokens_per_cycle"] <= 1
     assert by_gamma[1]["tokens_per_cycle"] == 1  # γ = 1: one token per cycle whatever is accepted
     assert all(r["bandwidth_speedup"] > 0 for r in rows)
-    assert "bytes×" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "bytes×" in printed and "over 2 prompts: median ×" in printed
