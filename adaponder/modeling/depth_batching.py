@@ -345,12 +345,18 @@ class TickLayout:
 
     def exit_view(self, h, needs):
         self.s = None if self.gates is None else self.gates(h, self.passes)  # [n] float (A5)
-        self.z = self.model.lm_head(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
+        self.z = self._logits(h)  # the exit logits of rows that halt; the pondering logits of the others (A4)
         view = PassView(pass_idx=self.pass_t, num_passes=self.K, active=torch.ones_like(self.pass_t, dtype=torch.bool),
                         gate=self.s, logits=self.z if "logits" in needs else None, hidden=h,
-                        token_ids=_index([self.tokens[b][-1] for b in self.live], self.device)
-                        if "token_ids" in needs else None, carry=self.carry)
+                        token_ids=self._token_ids() if "token_ids" in needs else None, carry=self.carry)
         return view, self.pass_t >= self.K
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(h)
+
+    def _token_ids(self) -> torch.Tensor:
+        """The token each row runs its pass on: its newest."""
+        return _index([self.tokens[b][-1] for b in self.live], self.device)
 
     def feedback(self, h, state, going):
         """E^i = E^{i-1} + s^i·e^i (A7) for the rows that go on pondering (the softmax in place: z is not read

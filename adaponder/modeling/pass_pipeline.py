@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .depth_batching import DecoderPrefill, DepthBatchedDecoder, TickLayout, _index
-from .exit_rules import PassView, QExit
+from .exit_rules import QExit
 from .input_checks import check_generation_length
 from .pass_driver import drive
 from .run_settings import RunSettings
@@ -148,11 +148,12 @@ class PipelineLayout(TickLayout):
         self.late_pass = K - 1 if redraft is not None and K == model.config.num_passes else None
         self.heads.append(redraft if self.late_pass is not None else None)
 
-    def exit_view(self, h, needs):
-        """The depth-batched tick's view, with each entry's own token; the drafts of pass 1's entries and the
-        re-drafts of pass K−1's, through their heads (A24), in the one product with W_out that every entry's logits
-        take."""
-        self.s = None if self.gates is None else self.gates(h, self.passes)  # [n] float (A5)
+    def _token_ids(self) -> torch.Tensor:
+        return _index(self.feeds, self.device)  # each entry's own token, not its row's newest
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Every entry's logits; the drafts of pass 1's entries and the re-drafts of pass K−1's, through their heads
+        (A24), in the same product with W_out."""
         self.first = [i for i, p in enumerate(self.passes) if p == 1]
         self.late = [i for i, p in enumerate(self.passes) if p == self.late_pass]
         rows, parts = [h], []
@@ -161,16 +162,11 @@ class PipelineLayout(TickLayout):
                 rows.append(head(h.index_select(0, _index(which, h.device))))
                 parts.append((which, len(rows) - 1))
         z = self.model.lm_head(torch.cat(rows) if len(rows) > 1 else h)
-        sizes = [len(r) for r in rows]
-        pieces = z.split(sizes) if len(rows) > 1 else (z,)
-        self.z = pieces[0]
+        pieces = z.split([len(r) for r in rows]) if len(rows) > 1 else (z,)
         self.drafts = [(which, pieces[k]) for which, k in parts]
         if self.heads[0] is None and self.first:  # no draft head: pass 1's own logits draft
             self.drafts.append((self.first, None))
-        view = PassView(pass_idx=self.pass_t, num_passes=self.K, active=torch.ones_like(self.pass_t, dtype=torch.bool),
-                        gate=self.s, logits=self.z if "logits" in needs else None, hidden=h,
-                        token_ids=_index(self.feeds, self.device) if "token_ids" in needs else None, carry=self.carry)
-        return view, self.pass_t >= self.K
+        return pieces[0]
 
     def feedback(self, h, state, going):
         """As the depth-batched tick's, the drafts' tokens read with the tick's one host synchronisation."""
