@@ -179,3 +179,38 @@ def test_blocked_vocabulary_products_match_plain_ones(rows):
         torch.testing.assert_close(pondering_from_hidden(h, w_out, w_emb, 0.5, chunk=7), want, rtol=1e-5, atol=1e-5)
     with torch.enable_grad():
         assert not P.skinny(rows, w_out, w_emb)  # training keeps the autograd-friendly products
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (torch's CPU builds have it)")
+def test_products_of_a_few_rows_with_large_weights_run_on_a_packed_copy_kept_current():
+    """From PACKED_MIN_ROWS entries (PACKED_MIN_ONE for one row) the head's logits and the pondering product run on a
+    copy of the weight packed once: the values are the plain products', the copy is remade after an in-place update of
+    the weight (an optimizer step), a tied weight keeps one copy per orientation, and the copies go with the weight."""
+    import gc
+
+    from adaponder.modeling import pondering as P
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(P.PACKED_MIN_ROWS // 64, 64, generator=g)  # W_out = W_E (tied)
+    h = torch.randn(5, 64, generator=g)
+    with torch.no_grad():
+        assert P.packed_ok(5, w) and P.packed_ok(2, w) and not P.packed_ok(1, w)  # one row: the blocked GEMV
+        assert not P.packed_ok(5, w[:, :32].contiguous())  # below the size: MKL
+        assert not P.packed_ok(P.VOCAB_ROWS + 1, w)
+        before = len(P._packed_cache)
+        torch.testing.assert_close(P.skinny_linear(h, w), h @ w.t(), rtol=1e-5, atol=1e-5)
+        p = torch.softmax(h @ w.t(), -1)
+        torch.testing.assert_close(P.embed_probs(p, w), p @ w, rtol=1e-5, atol=1e-6)
+        assert len(P._packed_cache) == before + 2  # one copy as W_out, one as W_E
+        copy = P.packed_weight(w)
+        assert P.packed_weight(w) is copy  # kept
+        w.mul_(-2.0)  # an in-place update
+        torch.testing.assert_close(P.skinny_linear(h, w), h @ w.t(), rtol=1e-5, atol=1e-5)
+        assert P.packed_weight(w) is not copy
+        torch.testing.assert_close(pondering_from_hidden(h, w, w, 0.5), 0.5 * torch.softmax(h @ w.t(), -1) @ w,
+                                   rtol=1e-5, atol=1e-6)
+    with torch.enable_grad():
+        assert not P.packed_ok(5, w)  # training keeps the autograd-friendly products
+    del w, copy
+    gc.collect()
+    assert len(P._packed_cache) == before
