@@ -29,7 +29,7 @@ from adaponder.palbert.pondernet import exit_distribution, q_exit
 from conftest import tiny_config
 
 K = 4
-HEADS = dict(halting_heads=True, consistency_heads=True, draft_head=True, redraft_head=True)
+HEADS = dict(halting_heads=True, consistency_heads=True, draft_head=True, redraft_head=True, early_redraft_heads=True)
 
 
 def _model(**extra):
@@ -84,7 +84,7 @@ def test_detached_supervision_and_the_heads_leave_the_backbone_as_plain_ponderlm
     for name in reference:  # A22–A24 add no gradient to the shared weights
         torch.testing.assert_close(got[name], reference[name], rtol=1e-5, atol=1e-7)
     for name in ("halting_heads.weight", "consistency_heads.weight", "draft_head.fc_out.weight",
-                 "redraft_head.fc_out.weight"):
+                 "redraft_head.fc_out.weight", "early_redraft_heads.0.fc_out.weight"):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     # while the attached form changes them: early passes are scored on the final target
@@ -198,6 +198,9 @@ def test_heads_need_a_looped_model_and_halting_heads_no_gates():
         AdaPonderConfig.from_mapping({**base, "mode": "vanilla", "passes": 1, "draft_head": True})
     with pytest.raises(AdaPonderConfigError, match="'redraft_head' reads pass K−1, which at passes=2 is pass 1"):
         AdaPonderConfig.from_mapping({**base, "passes": 2, "redraft_head": True})
+    with pytest.raises(AdaPonderConfigError, match="set 'redraft_head: true' too") as err:
+        AdaPonderConfig.from_mapping({**base, "passes": 3, "early_redraft_heads": True})
+    assert "none at passes=3" in str(err.value)  # every problem in one error
     with pytest.raises(AdaPonderConfigError, match="mode 'adaponder' halts by its gates"):
         AdaPonderConfig.from_mapping({**base, "mode": "adaponder", "halting_heads": True})
     with pytest.raises(ValueError, match="halting heads"):
@@ -208,7 +211,8 @@ def test_heads_need_a_looped_model_and_halting_heads_no_gates():
 def test_a_draft_head_trained_on_the_frozen_model_learns_and_changes_nothing_else():
     from adaponder.train.draft_head import draft_agreement, train_draft_head
 
-    model = _model(draft_head=True, redraft_head=True).eval()
+    model = _model(draft_head=True, redraft_head=True, early_redraft_heads=True).eval()
+    assert list(model.redraft_heads()) == [2, 3]
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stream = np.random.default_rng(0).integers(0, 97, 4000)
     start = draft_agreement(model, stream, window=32, max_windows=8)
@@ -216,8 +220,9 @@ def test_a_draft_head_trained_on_the_frozen_model_learns_and_changes_nothing_els
     after = draft_agreement(model, stream, window=32, max_windows=8)
     assert after["draft_head"] > start["draft_head"] + 0.05, (start, after)
     assert after["redraft_head"] > start["redraft_head"] + 0.05, (start, after)  # pass K−1's head learns too
+    assert after["redraft_pass2"] > start["redraft_pass2"] + 0.05, (start, after)  # and pass 2's
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
-    assert {k.split(".")[0] for k in changed} == {"draft_head", "redraft_head"}  # the passes are the checkpoint's
+    assert {k.split(".")[0] for k in changed} == {"draft_head", "redraft_head", "early_redraft_heads"}
     assert after["pass1_logits"] == start["pass1_logits"]
 
 
@@ -236,3 +241,18 @@ def test_train_draft_refuses_a_model_without_passes(tmp_path):
                          text=True, timeout=120)
     assert out.returncode != 0 and "no passes to draft from" in out.stderr
     assert out.stderr.count("error:") == 1 and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flags, passes, message", [(["--early-redraft"], 4, "give --redraft too"),
+                                                    (["--redraft", "--early-redraft"], 3, "passes 2..K−2 are none")])
+def test_train_draft_names_early_re_draft_heads_it_cannot_add(tmp_path, capsys, flags, passes, message):
+    from adaponder.cli.train_draft import main
+
+    torch.manual_seed(0)
+    AdaPonderForCausalLM(tiny_config("ponderlm", passes=passes)).save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.json").write_text("{}")
+    assert main([str(tmp_path / "ckpt"), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1
+    assert not (tmp_path / "out").exists()  # refused before anything is written

@@ -68,18 +68,21 @@ def test_eos_ends_a_row_and_generate_pads_it():
 
 
 def _schedule(model, prompts, new, draft, redraft=None):
-    """Decode with every draft of pass 1 replaced by ``draft(true next token)`` (and every re-draft of pass K−1 by
-    ``redraft(...)``); returns the layout."""
+    """Decode with every draft of pass 1 replaced by ``draft(true next token)`` (and every re-draft by
+    ``redraft(...)``, or by ``redraft[p](...)`` at pass p); returns the layout."""
     reference = [decode_alone(model, p, new)[0] for p in prompts]
     length = prompts.shape[1]
 
     class Drafted(PipelineLayout):
         def feedback(self, h, state, going):
             args = super().feedback(h, state, going)
-            for which, rule in ((self.first, draft), (self.late, redraft)):
+            rules = redraft if isinstance(redraft, dict) else dict.fromkeys(self.redraft_at, redraft)
+            for which, at in [(self.first, None), *((self.late, p) for p in rules)]:
                 for i in which:
+                    if at is not None and self.passes[i] != at:
+                        continue
                     b, t = self.live[i], self.positions[i] + 1
-                    self.guess_h[i] = rule(reference[b][t - length])
+                    self.guess_h[i] = (draft if at is None else rules[at])(reference[b][t - length])
             return args
 
     decoder = PipelinedSpeculativeDecoder(model)
@@ -128,11 +131,35 @@ def test_a_re_draft_of_pass_k_minus_1_restarts_a_wrong_draft_early(K):
     assert spoiled.ticks == K * (new - 1) and spoiled.stats.rejected == 2 * (new - 2)
 
 
+def test_re_drafts_at_every_pass_from_two_drop_a_wrong_draft_after_one_tick():
+    K = 4
+    torch.manual_seed(K)
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=K, redraft_head=True, early_redraft_heads=True)).eval()
+    prompts = torch.randint(0, model.config.vocab_size, (2, 6))
+    new, V = 9, model.config.vocab_size
+    right, wrong = (lambda y: y), (lambda y: (y + 1) % V)
+    # every first draft wrong, pass 2's re-draft right: token j + 1 starts 2 ticks after token j
+    early = _schedule(model, prompts, new, wrong, redraft={2: right, 3: right})
+    assert early.ticks == K + 2 * (new - 2)
+    assert early.stats.redrafted == 2 * (new - 2) and early.stats.rejected == 0
+    assert early.stats.wasted == 2 * (new - 2)  # each wrong draft ran its first pass only
+    # pass 2's re-draft as wrong as the draft, pass 3's right: the late head's schedule
+    late = _schedule(model, prompts, new, wrong, redraft={2: wrong, 3: right})
+    assert late.ticks == K + (K - 1) * (new - 2)
+    # pass 2's re-draft wrong in another way: replaced, then replaced again by pass 3's
+    twice = _schedule(model, prompts, new, wrong, redraft={2: lambda y: (y + 2) % V, 3: right})
+    assert twice.ticks == late.ticks and twice.stats.redrafted == 2 * 2 * (new - 2)
+    # each token's two wrong starts ran one pass each; pass 3's head alone leaves more behind the wrong draft
+    assert twice.stats.wasted == 2 * early.stats.wasted < late.stats.wasted
+
+
 def test_a_trained_re_draft_head_keeps_greedy_output():
     torch.manual_seed(1)
-    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=4, draft_head=True, redraft_head=True)).eval()
+    model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=4, draft_head=True, redraft_head=True,
+                                             early_redraft_heads=True)).eval()
     with torch.no_grad():
-        model.redraft_head.fc_out.weight.normal_()
+        for head in model.redraft_heads().values():
+            head.fc_out.weight.normal_()
     prompts = torch.randint(0, model.config.vocab_size, (3, 8))
     ref = model.generate(prompts, max_new_tokens=14, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(prompts, max_new_tokens=14, speculative="pipelined"), ref)

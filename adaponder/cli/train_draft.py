@@ -6,8 +6,9 @@ looped checkpoint, written with the checkpoint to a new folder.
 Every weight of CKPT is kept as it is (the new folder's forward equals CKPT's); the head learns to predict the
 full model's distribution from pass 1's state. Decoding with ``speculative=SpeculativeConfig(1, γ)`` or
 ``speculative="pipelined"`` then drafts with it. ``--redraft`` adds and trains a second head on pass K−1's state,
-with which pipelined decoding drafts each token again before the full model's verdict (K ≥ 3). Prints the drafts'
-agreement with the full model on the held-out split before and after.
+with which pipelined decoding drafts each token again before the full model's verdict (K ≥ 3); ``--early-redraft``
+(with ``--redraft``, K ≥ 4) adds one on each of passes 2..K−2 as well, so a wrong draft is dropped after one pass.
+Prints the drafts' agreement with the full model on the held-out split before and after.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--redraft", action="store_true", help="also a re-draft head on pass K−1 (pipelined decoding)")
+    p.add_argument("--early-redraft", action="store_true",
+                   help="with --redraft: re-draft heads on passes 2..K−2 too (K >= 4)")
     args = p.parse_args(argv)
     for name in ("steps", "window", "batch"):
         if getattr(args, name) < 1:
@@ -65,7 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.redraft and config.num_passes < 3:
         raise UsageError(f"--redraft: {ckpt} has K = {config.num_passes} passes; pass K−1 is pass 1, which the draft "
                          "head reads already")
-    heads = dict(draft_head=True, **({"redraft_head": True} if args.redraft else {}))
+    if args.early_redraft and not args.redraft:
+        raise UsageError("--early-redraft adds re-draft heads before pass K−1's: give --redraft too")
+    if args.early_redraft and config.num_passes < 4:
+        raise UsageError(f"--early-redraft: {ckpt} has K = {config.num_passes} passes; passes 2..K−2 are none")
+    heads = dict(draft_head=True, **({"redraft_head": True} if args.redraft else {}),
+                 **({"early_redraft_heads": True} if args.early_redraft else {}))
     model = AdaPonderForCausalLM.from_pretrained(ckpt, **heads).eval()
     train, val = split_stream(data, "train"), split_stream(data, "val")
     if int(train.max()) >= config.vocab_size:
@@ -91,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _agreement(figures: dict) -> str:
     names = {"draft_head": "draft head", "pass1_logits": "pass-1 logits", "redraft_head": "re-draft head (pass K−1)"}
+    names.update({key: f"re-draft head (pass {key[len('redraft_pass'):]})" for key in sorted(figures)
+                  if key.startswith("redraft_pass")})
     return ", ".join(f"{label} {figures[key]:.3f}" for key, label in names.items() if key in figures)
 
 

@@ -69,8 +69,8 @@ class AdaPonderPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         cfg = self.config
-        for name in ("draft_head", "redraft_head"):
-            draft = getattr(self, name, None)
+        drafts = [getattr(self, "draft_head", None), *getattr(self, "redraft_heads", dict)().values()]
+        for draft in drafts:
             if draft is not None and any(module is m for m in draft.modules()):  # its own recipe, whichever part
                 draft.reset_parameters(cfg.initializer_range)                    # is visited
                 return

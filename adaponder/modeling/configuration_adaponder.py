@@ -76,6 +76,8 @@ class AdaPonderConfig(GPTNeoXConfig):
             gradient stopped at the backbone; self-speculative decoding drafts with it.
         redraft_head: the same kind of head on pass K−1's state (A24); pipelined decoding drafts the next token
             again from it and restarts that token early where it disagrees with the first draft. Needs K ≥ 3.
+        early_redraft_heads: re-draft heads on passes 2..K−2 as well (with ``redraft_head``; K ≥ 4): pipelined
+            decoding re-drafts at every pass from 2 to K−1 and drops a wrong draft as soon as one disagrees.
         passes: K, the number of passes. ``None`` = the mode's default (1 for vanilla, 4 otherwise).
         input_scale: c of A1 (``E⁰ = c·Ẽ[x]``). PonderLM's recipe: 1 for 70M/160M, K−1 for 410M and up.
         embedding_multiplier: α of ``Ẽ = α·W_E`` (A1). ``None`` = sqrt(hidden_size) as in A1. Only the
@@ -105,6 +107,7 @@ class AdaPonderConfig(GPTNeoXConfig):
     consistency_heads: bool = False
     draft_head: bool = False
     redraft_head: bool = False
+    early_redraft_heads: bool = False
 
     def __post_init__(self, **kwargs):
         for key in LEGACY_RUN_KEYS:  # run-time settings that older configs held: not the model's any more
@@ -200,7 +203,7 @@ def _core_values(cfg: AdaPonderConfig) -> dict[str, Any]:
              "mode", "passes", "gate_hidden_mult", "gate_activation", "input_scale",
              "embedding_multiplier", "rope_parameters", "max_position_embeddings",
              "pause_tokens", "init", "halting_heads", "consistency_heads", "draft_head",
-             "redraft_head")
+             "redraft_head", "early_redraft_heads")
     return {n: getattr(cfg, n) for n in names}
 
 
@@ -211,7 +214,7 @@ def _type_problems(cls, values: Mapping[str, Any]) -> list[str]:
     floats = {"input_scale", "gate_init_bias", "layer_norm_eps", "initializer_range",
               "rotary_pct", "rotary_emb_base", "embedding_multiplier", "hidden_dropout", "attention_dropout"}
     bools = {"use_parallel_residual", "tie_word_embeddings", "attention_bias", "use_cache", "halting_heads",
-             "consistency_heads", "draft_head", "redraft_head"}
+             "consistency_heads", "draft_head", "redraft_head", "early_redraft_heads"}
     problems = []
     for key, val in values.items():
         if key in numeric and val is not None and (isinstance(val, bool) or not isinstance(val, int)):
@@ -244,13 +247,19 @@ def semantic_problems(v: Mapping[str, Any]) -> list[str]:
         elif pauses < 0:
             problems.append(f"'pause_tokens' (P of A19) must be >= 0, got {pauses}")
     looped = mode in ("ponderlm", "loop", "adaponder") and (not isinstance(passes, int) or passes > 1)
-    for key in ("halting_heads", "consistency_heads", "draft_head", "redraft_head"):
+    for key in ("halting_heads", "consistency_heads", "draft_head", "redraft_head", "early_redraft_heads"):
         if v.get(key) is True and not looped:
             problems.append(f"'{key}' reads the passes of a looped model (ponderlm, loop or adaponder with passes "
                             f"> 1); got mode {mode!r} with passes={passes}")
     if v.get("redraft_head") is True and looped and isinstance(passes, int) and passes < 3:
         problems.append(f"'redraft_head' reads pass K−1, which at passes={passes} is pass 1, the draft head's: use "
                         "'draft_head' (or passes >= 3)")
+    if v.get("early_redraft_heads") is True and looped:
+        if v.get("redraft_head") is not True:
+            problems.append("'early_redraft_heads' adds re-draft heads before pass K−1's: set 'redraft_head: true' too")
+        if isinstance(passes, int) and passes < 4:
+            problems.append(f"'early_redraft_heads' reads passes 2..K−2, none at passes={passes}: use passes >= 4 "
+                            "(or 'redraft_head' alone)")
     if v.get("halting_heads") is True and mode == "adaponder":
         problems.append("'halting_heads' give a model without gates its halting probabilities (A21); mode "
                         "'adaponder' halts by its gates (A5): use mode 'ponderlm' or 'loop'")

@@ -20,7 +20,8 @@ class CostAccounting:
         layers = sum(p.numel() for p in self.gpt_neox.layers.parameters())
         layers += sum(p.numel() for p in self.gpt_neox.final_layer_norm.parameters())
         gates = sum(p.numel() for p in self.gates.parameters())
-        heads = sum(p.numel() for name in ("halting_heads", "consistency_heads", "draft_head", "redraft_head")
+        heads = sum(p.numel() for name in ("halting_heads", "consistency_heads", "draft_head", "redraft_head",
+                                           "early_redraft_heads")
                     if getattr(self, name, None) is not None for p in getattr(self, name).parameters())
         return {"embedding": emb, "non_embedding": layers, "gates": gates, "heads": heads,
                 "total": emb + layers + gates + heads}

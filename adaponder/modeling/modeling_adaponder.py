@@ -49,7 +49,8 @@ class AdaPonderCausalLMOutput(CausalLMOutputWithPast):
     gate_mask: ``[B, T, K-1]`` bool, the gates of the pool G of A11 (active, not padding).
     active_fraction: ``[K]`` fraction of non-padding tokens active in each pass.
     pass_logits: the logits z^i of every pass (only with ``return_pass_logits=True``).
-    aux_losses: the pass heads' training terms (A21–A24: ``halting_kl``, ``consistency``, ``draft``, ``redraft``), scalars
+    aux_losses: the pass heads' training terms (A21–A24: ``halting_kl``, ``consistency``, ``draft``, ``redraft``,
+        ``redraft_pass{p}``), scalars
         with graphs; None when there are none. ``loss`` already holds A21/A22's expected loss.
     """
 
@@ -89,6 +90,9 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             self.consistency_heads = PassHeads(k, d) if config.consistency_heads else None
             self.draft_head = DraftHead(d) if config.draft_head else None
             self.redraft_head = DraftHead(d) if config.redraft_head else None
+            # passes 2..K−2, in pass order (pass K−1's stays ``redraft_head``: checkpoints with it load as they are)
+            self.early_redraft_heads = nn.ModuleList(
+                [DraftHead(d) for _ in range(2, k)]) if config.early_redraft_heads else None
         self.pass_checkpointing = False
         self.post_init()
 
@@ -182,7 +186,7 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
                              "(model.halting_heads: true)")
         keep_states = torch.is_grad_enabled() and targets is not None and (
             per_pass or self.consistency_heads is not None or self.draft_head is not None
-            or self.redraft_head is not None)
+            or self.redraft_head is not None)  # (early re-draft heads come with it)
         run = run_passes(self, ctx, KVAligner(cfg.num_hidden_layers, cache), settings=settings,
                          gate_warmup=gate_warmup, return_pass_logits=return_pass_logits,
                          return_pass_states=keep_states)
@@ -221,6 +225,14 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             return self.lm_head(h)
         drafted = self.lm_head(self.draft_head(h))
         return drafted if going_on is None else torch.where(going_on[..., None], drafted, self.lm_head(h))
+
+    def redraft_heads(self) -> dict[int, nn.Module]:
+        """The re-draft heads by the pass (1-based) whose state they read: pass K−1's (``redraft_head``) and, with
+        ``early_redraft_heads``, passes 2..K−2's (A24)."""
+        heads = {} if self.redraft_head is None else {self.config.num_passes - 1: self.redraft_head}
+        for i, head in enumerate(self.early_redraft_heads or ()):
+            heads[i + 2] = head
+        return dict(sorted(heads.items()))
 
     def halting_probability(self, h: torch.Tensor, pass_idx: int | torch.Tensor) -> torch.Tensor:
         """λ_i (A21) of states ``h`` after pass ``pass_idx``, float32, shape ``h.shape[:-1]``."""

@@ -162,10 +162,12 @@ def pass_supervision_losses(model, pass_states: list[torch.Tensor], targets: tor
             agree = torch.stack([g == greedy[-1] for g in greedy[:-1]], dim=1).float()
         logits = model.consistency_heads.all_passes([h.detach() for h in flat])
         out["consistency"] = F.binary_cross_entropy_with_logits(logits, agree)
+    redrafts = model.redraft_heads() if hasattr(model, "redraft_heads") else {}
     drafts = [(name, head, state) for name, head, state in (("draft", getattr(model, "draft_head", None), flat[0]),
-                                                             ("redraft", getattr(model, "redraft_head", None), flat[-2]))
+                                                             ("redraft", redrafts.get(len(flat) - 1), flat[-2]))
               if head is not None]
-    if drafts:  # A24: pass 1's head and pass K−1's, each against the full model's distribution, states detached
+    drafts += [("redraft_pass%d" % p, head, flat[p - 1]) for p, head in redrafts.items() if p < len(flat) - 1]
+    if drafts:  # A24: pass 1's head and the re-draft heads, each against the full model's distribution, detached
         with torch.no_grad():
             teacher = F.softmax(F.linear(flat[-1], w).float(), dim=-1)
         for name, head, state in drafts:

@@ -142,29 +142,31 @@ class PipelineLayout(TickLayout):
         self.last_input = self.length + max_new_tokens - 2  # the last position whose prediction is still wanted
         self.stats = PipelineStats()
         model = decoder.model
-        self.heads = [getattr(model, "draft_head", None)]  # the draft of pass 1's entries (None: their own logits)
-        # pass K−1's entries draft again where the model has a head for that pass (and runs its K passes)
-        redraft = getattr(model, "redraft_head", None)
-        self.late_pass = K - 1 if redraft is not None and K == model.config.num_passes else None
-        self.heads.append(redraft if self.late_pass is not None else None)
+        self.draft_head = getattr(model, "draft_head", None)  # the draft of pass 1's entries (None: their own logits)
+        # entries at a pass with a re-draft head draft again (where the model runs its K passes: the heads were
+        # trained on those passes)
+        full = K == model.config.num_passes and hasattr(model, "redraft_heads")
+        self.redraft_at = model.redraft_heads() if full else {}
 
     def _token_ids(self) -> torch.Tensor:
         return _index(self.feeds, self.device)  # each entry's own token, not its row's newest
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Every entry's logits; the drafts of pass 1's entries and the re-drafts of pass K−1's, through their heads
-        (A24), in the same product with W_out."""
+        """Every entry's logits; the drafts of pass 1's entries and the re-drafts of the entries at a re-draft head's
+        pass, through their heads (A24), in the same product with W_out."""
         self.first = [i for i, p in enumerate(self.passes) if p == 1]
-        self.late = [i for i, p in enumerate(self.passes) if p == self.late_pass]
+        groups = [(self.draft_head, self.first)]
+        groups += [(head, [i for i, p in enumerate(self.passes) if p == at]) for at, head in self.redraft_at.items()]
+        self.late = sorted(i for _, which in groups[1:] for i in which)
         rows, parts = [h], []
-        for head, which in zip(self.heads, (self.first, self.late)):
+        for head, which in groups:
             if head is not None and which:
                 rows.append(head(h.index_select(0, _index(which, h.device))))
                 parts.append((which, len(rows) - 1))
         z = self.model.lm_head(torch.cat(rows) if len(rows) > 1 else h)
         pieces = z.split([len(r) for r in rows]) if len(rows) > 1 else (z,)
         self.drafts = [(which, pieces[k]) for which, k in parts]
-        if self.heads[0] is None and self.first:  # no draft head: pass 1's own logits draft
+        if self.draft_head is None and self.first:  # no draft head: pass 1's own logits draft
             self.drafts.append((self.first, None))
         return pieces[0]
 
@@ -248,13 +250,13 @@ class PipelineLayout(TickLayout):
             return entries, starts
 
     def _redraft(self, entries, starts):
-        """Pass K−1's entries that go on draft their next token again (the re-draft head): where that differs from
-        the token fed there, the row's entries from there on are dropped and the new draft starts in their place —
-        K − 2 ticks sooner than the full model's verdict would have dropped them."""
-        running = {e[4] for e in entries}  # (an entry this tick's verification dropped has nothing behind it)
-        for i in self.late:
+        """Entries at a re-draft head's pass p that go on draft their next token again: where that differs from the
+        token fed there, the row's entries from there on are dropped and the new draft starts in their place — K − p
+        ticks sooner than the full model's verdict would have dropped them."""
+        # earliest position first: a re-draft that drops the entries behind it drops their re-drafts too
+        for i in sorted(self.late, key=lambda i: self.positions[i]):
             b, t, guess = self.live[i], self.positions[i] + 1, self.guess_h[i]
-            if i not in running or self.fed[b].get(t, guess) == guess:
+            if i not in {e[4] for e in entries} or self.fed[b].get(t, guess) == guess:  # (dropped, or agrees)
                 continue
             entries, starts = self._drop(b, t, entries, starts)
             self.stats.redrafted += 1

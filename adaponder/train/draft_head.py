@@ -38,8 +38,12 @@ def pass_states_and_final(model, ids: torch.Tensor) -> tuple[list[torch.Tensor],
 
 
 def draft_heads(model) -> list[tuple[str, torch.nn.Module, int]]:
-    """The model's draft heads as ``(name, head, index of the pass state it reads)``: pass 1's, pass K−1's."""
-    heads = [("draft_head", model.draft_head, 0), ("redraft_head", getattr(model, "redraft_head", None), -2)]
+    """The model's draft heads as ``(name, head, index of the pass state it reads)``: pass 1's, then the re-draft
+    heads' (``redraft_head`` on pass K−1, ``redraft_pass{p}`` on an earlier pass p)."""
+    K = model.config.num_passes
+    heads = [("draft_head", model.draft_head, 0)]
+    heads += [("redraft_head" if p == K - 1 else f"redraft_pass{p}", head, p - 1)
+              for p, head in (model.redraft_heads() if hasattr(model, "redraft_heads") else {}).items()]
     return [(name, head, i) for name, head, i in heads if head is not None]
 
 

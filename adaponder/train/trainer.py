@@ -100,7 +100,7 @@ class Trainer:
                        "intermediate_size", "vocab_size", "gate_hidden_mult", "gate_activation", "input_scale",
                        "embedding_multiplier", "use_parallel_residual", "tie_word_embeddings",
                        "max_position_embeddings", "halting_heads", "consistency_heads", "draft_head",
-                       "redraft_head")
+                       "redraft_head", "early_redraft_heads")
 
     def __init__(self, cfg: TrainConfig, resume: str | None = None):
         self.cfg = cfg
