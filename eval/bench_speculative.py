@@ -268,10 +268,17 @@ def main(argv=None):
     ap.add_argument("--without-draft-head", action="store_true",
                     help="checkpoints with a draft head (docs/method.md A24): also a row drafting from pass 1's own "
                          "logits (the head removed), the same weights otherwise")
+    ap.add_argument("--no-packed", action="store_true",
+                    help="products of several rows with vocabulary-sized weights on MKL's GEMM, not on copies packed "
+                         "once for oneDNN (adaponder.modeling.pondering.use_packed_weights): what they gain")
     args = ap.parse_args(argv)
     batches = _checked_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.no_packed:
+        from adaponder.modeling.pondering import use_packed_weights
+
+        use_packed_weights(False)
     specs = args.checkpoint + [s for s in args.shapes.split(",") if s]
     if not specs:
         ap.error("give --checkpoint and/or --shapes")

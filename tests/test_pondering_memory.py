@@ -197,7 +197,7 @@ def test_products_of_a_few_rows_with_large_weights_run_on_a_packed_copy_kept_cur
         assert P.packed_ok(5, w) and P.packed_ok(2, w) and not P.packed_ok(1, w)  # one row: the blocked GEMV
         assert not P.packed_ok(5, w[:, :32].contiguous())  # below the size: MKL
         assert not P.packed_ok(P.VOCAB_ROWS + 1, w)
-        before = len(P._packed_cache)
+        before = len(P._packed_cache)  # (other tests' copies live while their weights do)
         torch.testing.assert_close(P.skinny_linear(h, w), h @ w.t(), rtol=1e-5, atol=1e-5)
         p = torch.softmax(h @ w.t(), -1)
         torch.testing.assert_close(P.embed_probs(p, w), p @ w, rtol=1e-5, atol=1e-6)
@@ -213,4 +213,13 @@ def test_products_of_a_few_rows_with_large_weights_run_on_a_packed_copy_kept_cur
         assert not P.packed_ok(5, w)  # training keeps the autograd-friendly products
     del w, copy
     gc.collect()
-    assert len(P._packed_cache) == before
+    assert len(P._packed_cache) == before  # the copies went with the weight
+    try:
+        P.use_packed_weights(False)  # off: the plain products, and no copy is kept
+        w = torch.randn(P.PACKED_MIN_ROWS // 64, 64, generator=g)
+        with torch.no_grad():
+            assert not P.packed_ok(5, w) and len(P._packed_cache) == 0
+            torch.testing.assert_close(P.skinny_linear(h, w), h @ w.t(), rtol=1e-5, atol=1e-5)
+        assert len(P._packed_cache) == 0
+    finally:
+        P.use_packed_weights(True)

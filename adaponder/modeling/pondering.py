@@ -129,6 +129,16 @@ def _onednn() -> bool:
 _ONEDNN = _onednn()
 
 
+def use_packed_weights(enabled: bool = True) -> None:
+    """Switch the packed copies (:func:`packed_ok`) on or off for this process; off frees the ones made. For the
+    memory they take at a large vocabulary, or to measure a decoder without them."""
+    global _ONEDNN
+    _ONEDNN = bool(enabled) and _onednn()
+    if not _ONEDNN:
+        with _packed_lock:
+            _packed_cache.clear()
+
+
 def packed_ok(rows: int, w: torch.Tensor) -> bool:
     """Whether a product of ``rows`` activations with the fp32 CPU weight ``w`` (no gradients, not compiling) runs on
     a packed copy of ``w`` (see :data:`PACKED_MIN_ROWS`)."""
