@@ -226,6 +226,39 @@ def test_a_draft_head_trained_on_the_frozen_model_learns_and_changes_nothing_els
     assert after["pass1_logits"] == start["pass1_logits"]
 
 
+def test_draft_heads_train_on_the_models_own_greedy_text():
+    from adaponder.train.draft_head import greedy_agreement, greedy_windows, train_draft_head
+
+    model = _model(draft_head=True, redraft_head=True).eval()
+    model.generation_config.eos_token_id = 5  # greedy_windows decodes every row to its full length regardless
+    stream = np.random.default_rng(1).integers(0, 97, 3000)
+    greedy = greedy_windows(model, stream, 12, prompt=10, new=14, batch=5, seed=3, progress=False)
+    assert greedy.shape == (12, 24) and model.generation_config.eos_token_id == 5
+    rng = np.random.default_rng(3)
+    first = rng.integers(0, len(stream) - 10, 12)[0]
+    prompt = torch.from_numpy(np.asarray(stream[first:first + 10], dtype=np.int64))[None]
+    with torch.no_grad():  # each window is its prompt and the model's greedy continuation of it
+        assert torch.equal(torch.from_numpy(greedy[0]), decode_greedy(model, prompt, 14)[0])
+    start = greedy_agreement(model, greedy, 10)
+    assert start["positions"] == 12 * 14
+    train_draft_head(model, stream, steps=40, window=24, batch=2, lr=3e-3, progress=False, greedy=greedy)
+    after = greedy_agreement(model, greedy, 10)
+    assert after["draft_head"] > start["draft_head"] + 0.05, (start, after)
+
+
+def decode_greedy(model, prompt, new):
+    """Plain greedy cached decoding, one token at a time (no generate, no EOS)."""
+    from adaponder.modeling import PonderCache
+
+    cache = PonderCache(model.config.num_passes, model.config.num_hidden_layers)
+    out = model(prompt, cache=cache, use_cache=True)
+    seq = [prompt]
+    for _ in range(new):
+        seq.append(out.logits[:, -1:].argmax(-1))
+        out = model(seq[-1], cache=cache, use_cache=True)
+    return torch.cat(seq, 1)
+
+
 def test_train_draft_refuses_a_model_without_passes(tmp_path):
     import subprocess
     import sys

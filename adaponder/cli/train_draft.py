@@ -8,7 +8,9 @@ full model's distribution from pass 1's state. Decoding with ``speculative=Specu
 ``speculative="pipelined"`` then drafts with it. ``--redraft`` adds and trains a second head on pass K−1's state,
 with which pipelined decoding drafts each token again before the full model's verdict (K ≥ 3); ``--early-redraft``
 (with ``--redraft``, K ≥ 4) adds one on each of passes 2..K−2 as well, so a wrong draft is dropped after one pass.
-Prints the drafts' agreement with the full model on the held-out split before and after.
+``--greedy-windows N`` trains on the model's own greedy text as well (N continuations of training-split prompts,
+every other step), the text the drafts meet while it decodes. Prints the drafts' agreement with the full model on the
+held-out split before and after (and, with ``--greedy-windows``, on its greedy continuations of held-out prompts).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from adaponder.cli.doc import description
 from adaponder.cli.errors import UsageError, cli_main
 from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
 from adaponder.train import draft_head
+
+
+#: The greedy-text windows: prompt tokens, then the tokens the model decodes from them.
+PROMPT, NEW = 64, 64
 
 
 @cli_main
@@ -43,10 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--redraft", action="store_true", help="also a re-draft head on pass K−1 (pipelined decoding)")
     p.add_argument("--early-redraft", action="store_true",
                    help="with --redraft: re-draft heads on passes 2..K−2 too (K >= 4)")
+    p.add_argument("--greedy-windows", type=int, default=0,
+                   help="also train on N windows of the model's own greedy text (64-token training-split prompts and "
+                        "the 64 tokens it decodes from each; every other step): 0 = the corpus alone")
     args = p.parse_args(argv)
     for name in ("steps", "window", "batch"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.greedy_windows < 0:
+        raise UsageError(f"--greedy-windows must be >= 0, got {args.greedy_windows}")
     data = Path(args.data)
     if not (data / "meta.json").is_file():
         raise UsageError(f"--data {data}: not a prepared data folder (no meta.json; see adaponder prepare)")
@@ -81,11 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"({config.vocab_size}); use the data the checkpoint was trained on")
     before = draft_head.draft_agreement(model, val, args.window)
     print(f"agreement with the full model before: {_agreement(before)} ({before['positions']} held-out positions)")
+    greedy = held_out = None
+    if args.greedy_windows:
+        greedy = draft_head.greedy_windows(model, train, args.greedy_windows, PROMPT, NEW, seed=args.seed)
+        held_out = draft_head.greedy_windows(model, val, 32, PROMPT, NEW, seed=args.seed + 1)
+        before["greedy"] = draft_head.greedy_agreement(model, held_out, PROMPT)
+        print(f"  on its greedy text: {_agreement(before['greedy'])} ({before['greedy']['positions']} positions "
+              "continuing held-out prompts)")
     out.mkdir(parents=True, exist_ok=True)
     summary = draft_head.train_draft_head(model, train, args.steps, args.window, args.batch, args.lr, args.seed,
-                                          log=out / "draft_metrics.jsonl")
+                                          log=out / "draft_metrics.jsonl", greedy=greedy)
     after = draft_head.draft_agreement(model, val, args.window)
     print(f"agreement with the full model after: {_agreement(after)}")
+    if held_out is not None:
+        after["greedy"] = draft_head.greedy_agreement(model, held_out, PROMPT)
+        print(f"  on its greedy text: {_agreement(after['greedy'])}")
     model.save_pretrained(out)
     for extra in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "exit_calibration.json"):
         if (Path(ckpt) / extra).is_file():

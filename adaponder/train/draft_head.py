@@ -6,6 +6,11 @@ K−1's).
 Trained jointly with the model (``model.draft_head: true``), the head chases a teacher that changes under it and
 learns while the learning rate decays; trained here, on the finished model, it sees its final teacher at a steady
 rate. The command ``adaponder train-draft`` runs this and writes the checkpoint with its head.
+
+A draft is read while the model decodes, on text the model wrote itself, which is not the corpus's: a small model's
+greedy text repeats itself, and a head trained on the corpus alone drafts it worse than it drafts the corpus.
+:func:`greedy_windows` makes such text (the model's greedy continuations of prompts from the training split) and
+:func:`train_draft_head` can train on it beside the corpus; :func:`greedy_agreement` measures the drafts on it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,28 @@ def draft_heads(model) -> list[tuple[str, torch.nn.Module, int]]:
     return [(name, head, i) for name, head, i in heads if head is not None]
 
 
+@torch.no_grad()
+def greedy_windows(model, stream: np.ndarray, count: int, prompt: int = 64, new: int = 64, batch: int = 64,
+                   seed: int = 0, progress: bool = True) -> np.ndarray:
+    """``[count, prompt + new]`` token windows: prompts of ``prompt`` tokens at random places of ``stream``, each
+    followed by the ``new`` tokens the model decodes from it greedily (every row its full length: no EOS stop)."""
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, len(stream) - prompt, count)
+    out = np.empty((count, prompt + new), dtype=np.int64)
+    saved_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        for i in tqdm(range(0, count, batch), desc="greedy text", unit="batch", disable=not progress):
+            rows = starts[i:i + batch]
+            ids = torch.from_numpy(np.stack([stream[s:s + prompt] for s in rows]).astype(np.int64))
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                 pad_token_id=0)
+            out[i:i + len(rows)] = seq.numpy()
+    finally:
+        model.generation_config.eos_token_id = saved_eos
+    return out
+
+
 def windows(stream: np.ndarray, window: int, batch: int, seed: int) -> Iterator[torch.Tensor]:
     """Batches of ``batch`` windows of ``window`` tokens from a token stream, in a seeded random order (repeated)."""
     starts = np.arange(0, len(stream) - window, window)
@@ -58,10 +85,13 @@ def windows(stream: np.ndarray, window: int, batch: int, seed: int) -> Iterator[
 
 
 def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int = 256, batch: int = 2,
-                     lr: float = 1e-3, seed: int = 0, log: Path | None = None, progress: bool = True) -> dict:
-    """Train ``model.draft_head`` (and ``model.redraft_head`` where it has one; every other weight frozen) for
+                     lr: float = 1e-3, seed: int = 0, log: Path | None = None, progress: bool = True,
+                     greedy: np.ndarray | None = None) -> dict:
+    """Train ``model.draft_head`` (and the re-draft heads where it has them; every other weight frozen) for
     ``steps`` batches of the token ``stream``: cross-entropy against the full model's distribution, AdamW at ``lr``
-    with a cosine decay to 0.1·lr. Returns the final figures; ``log`` gets one JSON line per 50 steps."""
+    with a cosine decay to 0.1·lr. ``greedy``: windows of the model's own greedy text (:func:`greedy_windows`); every
+    other step then takes as many tokens from them instead. Returns the final figures; ``log`` gets one JSON line
+    per 50 steps."""
     if model.draft_head is None:
         raise ValueError("the model has no draft head: load it with draft_head=True")
     torch.manual_seed(seed)
@@ -75,6 +105,10 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     w = model.lm_head.weight.detach()
     it = windows(stream, window, batch, seed)
+    if greedy is not None:
+        per = max(1, batch * window // greedy.shape[1])  # the corpus steps' token count
+        flat = greedy.reshape(-1)
+        own = windows(flat, greedy.shape[1], per, seed + 1)  # whole windows: they start at multiples of its length
     sink = open(log, "w", encoding="utf-8") if log else None
     agree = loss_value = float("nan")
     bar = tqdm(range(steps), desc="draft head", unit="step", disable=not progress)
@@ -82,7 +116,7 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
         for step in bar:
             for g in opt.param_groups:
                 g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(steps, 1))))
-            states, final = pass_states_and_final(model, next(it))
+            states, final = pass_states_and_final(model, next(own if greedy is not None and step % 2 else it))
             teacher = F.softmax(final.float(), -1)
             all_logits = [F.linear(head(states[i]), w).float() for _, head, i in heads]
             loss = sum(-(teacher * F.log_softmax(logits, -1)).sum(-1).mean() for logits in all_logits)
@@ -106,14 +140,16 @@ def train_draft_head(model, stream: np.ndarray, steps: int = 1500, window: int =
 
 
 @torch.no_grad()
-def draft_agreement(model, stream: np.ndarray, window: int = 256, max_windows: int = 32) -> dict:
+def draft_agreement(model, stream: np.ndarray, window: int = 256, max_windows: int = 32, skip: int = 0) -> dict:
     """Per position, how often the draft's greedy token (the draft head's, pass 1's own logits', and the re-draft
-    head's where the model has one) is the full model's, teacher-forced on windows of ``stream``."""
+    heads' where the model has them) is the full model's, teacher-forced on windows of ``stream`` (past the first
+    ``skip`` positions of each)."""
     heads = [(name, head, i) for name, head, i in draft_heads(model) if name != "draft_head"]
     hits, total = dict.fromkeys(["draft_head", "pass1_logits", *[name for name, _, _ in heads]], 0), 0
-    for s in range(0, min(len(stream) - window, max_windows * window), window):
+    for s in range(0, min(len(stream) - window + 1, max_windows * window), window):
         ids = torch.from_numpy(np.asarray(stream[s:s + window], dtype=np.int64))[None]
         states, final = pass_states_and_final(model, ids)
+        states, final = [x[skip:] for x in states], final[skip:]
         target = final.argmax(-1)
         hits["draft_head"] += int((model.draft_logits(states[0]).argmax(-1) == target).sum())
         hits["pass1_logits"] += int((model.lm_head(states[0]).argmax(-1) == target).sum())
@@ -123,4 +159,11 @@ def draft_agreement(model, stream: np.ndarray, window: int = 256, max_windows: i
     return {**{name: n / max(total, 1) for name, n in hits.items()}, "positions": total}
 
 
-__all__ = ["draft_agreement", "draft_heads", "pass_states_and_final", "train_draft_head", "windows"]
+def greedy_agreement(model, greedy: np.ndarray, prompt: int) -> dict:
+    """:func:`draft_agreement` on the generated part of :func:`greedy_windows`' windows: the drafts on the model's own
+    greedy text, which is what they draft while it decodes."""
+    return draft_agreement(model, greedy.reshape(-1), greedy.shape[1], greedy.shape[0], skip=prompt)
+
+
+__all__ = ["draft_agreement", "draft_heads", "greedy_agreement", "greedy_windows", "pass_states_and_final",
+           "train_draft_head", "windows"]
