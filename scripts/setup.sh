@@ -21,4 +21,8 @@ echo "== setup: installing $TORCH_SPEC into $VENV (a minute or two on a first ru
 "$VENV/bin/python" -W ignore::UserWarning -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-constraint.txt"
 echo "== setup: installing adaponder (editable) with transformers, DeepSpeed, lm-eval and the test tools (a minute or two)"
 "$PIP" install -q -c "$VENV/torch-constraint.txt" -e ".[dev]"
+# DeepSpeed compiles its CPU collectives on first use: once here, in this environment's own folder, instead of at
+# a run's start (seconds when already built)
+echo "== setup: building DeepSpeed's CPU collectives for $VENV (about a minute on a first run)"
+"$VENV/bin/python" -m adaponder.train.extensions
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -310,54 +310,136 @@ def test_labels_of_the_wrong_length_in_forward_name_both_shapes():
         model(ids, labels=ids[:1])
 
 
-def test_a_held_extension_build_lock_is_named_and_given_up_on(tmp_path, monkeypatch):
-    from adaponder.train.extension_lock import ExtensionLockError, lock_path, wait_for_build_locks
+def _build_folder_lock(root: Path) -> Path:
+    from adaponder.train.extensions import lock_path
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    lock = lock_path("deepspeed_shm_comm")
-    assert lock.parent.parent == tmp_path
-    said = []
-    wait_for_build_locks(timeout=0.5, poll=0.05, say=said.append)  # no lock: no wait, nothing said
-    assert said == []
+    lock = lock_path("deepspeed_shm_comm", root)
+    lock.parent.mkdir(parents=True)
     lock.touch()
-    start = time.monotonic()
-    with pytest.raises(ExtensionLockError, match=rf"{lock}.*rm {lock}"):
-        wait_for_build_locks(timeout=0.5, poll=0.05, say=said.append)
-    assert time.monotonic() - start < 5
-    assert len(said) == 1 and str(lock) in said[0] and "giving up after 0.5 s" in said[0]
+    old = time.time() - 3600  # a build that stopped an hour ago: no file of it changed since
+    for path in (lock, lock.parent):
+        os.utime(path, (old, old))
+    return lock
 
 
-def test_a_build_lock_that_goes_away_is_waited_for(tmp_path, monkeypatch):
+def test_a_lifeless_build_lock_in_a_shared_folder_is_named_and_given_up_on(tmp_path):
+    from adaponder.train.extensions import ExtensionLockError, wait_for_live_builds
+
+    said = []
+    wait_for_live_builds(tmp_path, timeout=0.3, poll=0.05, say=said.append)  # no lock: no wait, nothing said
+    assert said == []
+    lock = _build_folder_lock(tmp_path)
+    with pytest.raises(ExtensionLockError, match=rf"{lock}.*no sign of a build.*rm {lock}"):
+        wait_for_live_builds(tmp_path, timeout=0.3, poll=0.05, say=said.append)
+    assert len(said) == 1 and str(lock) in said[0] and "giving up after 0.3 s" in said[0]
+    assert lock.exists()  # a folder shared with other programs: their lock is never deleted for them
+
+
+def test_a_live_build_is_waited_for_and_never_called_dead(tmp_path):
+    # a compiler working in the build folder: the wait outlasts the lifeless bound and gives no advice to delete
     import threading
 
-    from adaponder.train.extension_lock import lock_path, wait_for_build_locks
+    from adaponder.train.extensions import wait_for_live_builds
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    lock = lock_path("deepspeed_shm_comm")
-    lock.touch()
-    threading.Timer(0.3, lock.unlink).start()  # another start finishing its build
+    lock = _build_folder_lock(tmp_path)
+    compiler = subprocess.Popen(["sleep", "600"], cwd=lock.parent)
+    try:
+        threading.Timer(1.0, lock.unlink).start()  # the build finishing, after 5x the lifeless bound
+        said = []
+        wait_for_live_builds(tmp_path, timeout=0.2, poll=0.05, say=said.append)
+    finally:
+        compiler.kill()
+        compiler.wait()
+    assert not lock.exists() and len(said) == 1, said
+    assert f"process {compiler.pid} is working in it" in said[0] and "rm " not in said[0]
+
+
+def test_files_changing_count_as_a_live_build(tmp_path):
+    from adaponder.train.extensions import shows_life
+
+    folder = _build_folder_lock(tmp_path).parent
+    assert shows_life(folder) is None
+    (folder / "shm.o").write_bytes(b"")  # an object file just written
+    assert "changed" in shows_life(folder)
+
+
+def test_a_killed_builds_lock_in_the_projects_own_folder_is_cleared(tmp_path, monkeypatch):
+    # the owner lock is held: no live build can be behind a torch lock in this environment's own folder
+    from adaponder.train.extensions import extensions_ready
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.delenv("ADAPONDER_TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     said = []
-    wait_for_build_locks(timeout=30, poll=0.05, say=said.append)
-    assert not lock.exists() and len(said) == 1
+    with extensions_ready(say=said.append) as root:
+        assert root.is_relative_to(tmp_path / "adaponder" / "torch_extensions") and said == []
+        assert os.environ["TORCH_EXTENSIONS_DIR"] == str(root)
+    lock = _build_folder_lock(root)
+    with extensions_ready(say=said.append):
+        assert not lock.exists()
+    assert len(said) == 1 and said[0].startswith(f"removed {lock}, left by a build of deepspeed_shm_comm that was")
 
 
-def test_a_run_with_a_stale_extension_build_lock_stops_with_one_error_line(tmp_path, data, monkeypatch):
-    # a build killed midway leaves DeepSpeed's lock behind: the run says so and stops instead of hanging
-    from adaponder.train.extension_lock import lock_path
+def test_environments_get_folders_of_their_own_and_a_users_folder_stands(tmp_path, monkeypatch):
+    from adaponder.train import extensions
 
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.delenv("ADAPONDER_TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    mine, _ = extensions.use_environment_extensions_dir()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
+    # a folder this project chose in another environment (a parent process's) is not taken for the user's
+    theirs, ours = extensions.use_environment_extensions_dir()
+    assert ours and theirs != mine and theirs == extensions.environment_extensions_dir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "shared"))
+    assert extensions.use_environment_extensions_dir() == (tmp_path / "shared", False)
+
+
+def test_the_owner_lock_names_its_holder_and_goes_with_it(tmp_path):
+    # a holder killed by SIGKILL leaves the lock file, not the lock: the next start takes it at once
+    from adaponder.train.extensions import OWNER_LOCK, owner_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
+        "from adaponder.train.extensions import owner_lock\n"
+        "with owner_lock(Path(sys.argv[2])):\n print('held', flush=True); time.sleep(600)"), str(REPO), str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        import threading
+
+        threading.Timer(0.5, holder.kill).start()
+        said = []
+        with owner_lock(tmp_path, say=said.append):
+            assert (tmp_path / OWNER_LOCK).read_text() == f"PID {os.getpid()}"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(said) == 1 and f"waiting for PID {holder.pid} to finish" in said[0], said
+
+
+@pytest.mark.parametrize("value", ["soon", "-3", "0", "nan"])
+def test_a_bad_build_lock_timeout_is_named(value, monkeypatch):
+    from adaponder.errors import UsageError
+    from adaponder.train.extensions import lock_timeout
+
+    monkeypatch.setenv("ADAPONDER_BUILD_LOCK_TIMEOUT", value)
+    with pytest.raises(UsageError, match=rf"ADAPONDER_BUILD_LOCK_TIMEOUT='{value}': expected a positive number"):
+        lock_timeout()
+
+
+def test_a_run_with_a_lifeless_build_lock_in_a_shared_folder_stops_with_one_error_line(tmp_path, data):
+    # a build killed midway in a folder the user shares (TORCH_EXTENSIONS_DIR): the run says so and stops
     extensions = tmp_path / "extensions"
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
-    lock = lock_path("deepspeed_shm_comm")
-    lock.touch()
+    lock = _build_folder_lock(extensions)
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run"))
-    start = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "adaponder.cli.pretrain", "--config", str(cfg)],
-                       env=cpu_env(PYTHONPATH=str(REPO), ADAPONDER_BUILD_LOCK_TIMEOUT="3"),
-                       capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - start
+                       env=cpu_env(PYTHONPATH=str(REPO), ADAPONDER_BUILD_LOCK_TIMEOUT="3",
+                                   TORCH_EXTENSIONS_DIR=str(extensions)),
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     errors = _lines(p.stderr, "error: ")
     assert len(errors) == 1 and str(lock) in errors[0] and "rm " in errors[0], p.stderr[-3000:]
     assert f"waiting for {lock}" in p.stderr
-    assert took < 120, took  # the bound (3 s) and the start-up, not a hang
     assert lock.exists()  # another process's lock is never deleted for it
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from adaponder.run_lock import RunLockError, lock_folder
 
 from .config import TrainConfigError
-from .extension_lock import wait_for_build_locks
+from .extensions import load_cpu_collectives
 
 
 #: DeepSpeed's notices that are true of every run of this trainer and say nothing about this one: its optimizer is
@@ -80,8 +80,11 @@ def init_distributed() -> tuple[int, int, int]:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     acc = get_accelerator()
     if not dist.is_initialized():
-        if acc.device_name() == "cpu":  # DeepSpeed loads its CPU collectives, behind a lock that can be stale
-            wait_for_build_locks()
+        if acc.device_name() == "cpu":
+            # DeepSpeed's CPU collectives, loaded (or, once per environment, built) before the rendezvous: in this
+            # environment's own folder, one process at a time, a killed build's lock cleared. DeepSpeed's start
+            # below finds them loaded.
+            load_cpu_collectives()
         # (mpirun-style launches: DeepSpeed maps the OMPI_* variables to RANK/LOCAL_RANK/WORLD_SIZE itself)
         quiet_known_notices()
         with _printed_notices_dropped():
