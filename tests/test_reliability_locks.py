@@ -91,9 +91,7 @@ def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, 
         _wait_for_text(out / LOCK_NAME, f"PID {first.pid},", first)
         os.kill(first.pid, signal.SIGSTOP)  # the first run holds the folder while the second starts
         try:
-            t0 = time.perf_counter()
             code, text = launcher.run("--config", cfg)
-            elapsed = time.perf_counter() - t0
         finally:
             os.kill(first.pid, signal.SIGCONT)
         first_out, _ = first.communicate(timeout=600)
@@ -104,7 +102,7 @@ def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, 
     assert code == 2, text
     assert f"error: run folder {out} is in use by another job (host {socket.gethostname()}, PID {first.pid}, " \
            "started " in text
-    assert elapsed < 30 and "training " not in text  # refused before any model or data was built
+    assert "training " not in text  # refused before any model or data was built
     assert first.returncode == 0, first_out[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]  # no rows lost or doubled
     assert live_tmp.is_dir() and not dead_tmp.exists()
