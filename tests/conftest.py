@@ -1,6 +1,7 @@
 """Shared test setup: offline hub access, deterministic CPU math, tiny configs."""
 
 import os
+import sys
 import weakref
 from pathlib import Path
 
@@ -95,3 +96,65 @@ def launcher():
     worker = LauncherWorker()
     yield worker
     worker.close()
+
+
+# -- the two layers -----------------------------------------------------------------------------------------------
+# Unit tests run in this process on tiny models and answer in minutes (`bash scripts/test.sh --fast`); a test that
+# starts a process (a CLI, DeepSpeed ranks, a study), makes a process group or compiles is marked `integration`
+# (`slow` and `deepspeed` imply it). The unit layer holds itself to that: a unit test that starts a process fails,
+# naming the marker, so the fast layer cannot grow slow without anyone noticing.
+_UNIT_TEST = {"id": None, "started": None}
+
+
+def _no_process_from_a_unit_test(event, args):
+    if event == "subprocess.Popen" and _UNIT_TEST["id"] is not None:
+        test, _UNIT_TEST["id"] = _UNIT_TEST["id"], None  # (once: the failure's own reporting may start one)
+        _UNIT_TEST["started"] = (test, args[1])  # failed at teardown too, should a library swallow the error
+        raise RuntimeError(_started_message(test, args[1]))
+
+
+def _started_message(test, command) -> str:
+    return (f"{test} is a unit test and started a process ({command!r}): mark it @pytest.mark.integration, or keep "
+            "it in-process")
+
+
+sys.addaudithook(_no_process_from_a_unit_test)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: `slow` and `deepspeed` tests are deselected by --fast too
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") or item.get_closest_marker("deepspeed"):
+            item.add_marker(pytest.mark.integration)
+    # the unit layer first (a stable sort: file order within each layer), so a quick failure shows at once
+    items.sort(key=lambda item: item.get_closest_marker("integration") is not None)
+
+
+def _is_unit(item) -> bool:
+    return item.get_closest_marker("integration") is None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # from before the test's fixtures are made (a module's shared worker process counts too) to its teardown
+    _UNIT_TEST["id"], _UNIT_TEST["started"] = (item.nodeid if _is_unit(item) else None), None
+
+
+def pytest_runtest_teardown(item):
+    _UNIT_TEST["id"] = None
+
+
+@pytest.fixture(autouse=True)
+def _unit_layer_makes_no_process_group(request):
+    if not _is_unit(request.node):
+        yield
+        return
+    import torch.distributed as dist
+
+    grouped = dist.is_available() and dist.is_initialized()
+    yield
+    if _UNIT_TEST["started"] is not None:
+        pytest.fail(_started_message(*_UNIT_TEST["started"]), pytrace=False)
+    if not grouped and dist.is_available() and dist.is_initialized():
+        pytest.fail(f"{request.node.nodeid} is a unit test and made a process group: mark it "
+                    "@pytest.mark.integration", pytrace=False)

@@ -419,13 +419,23 @@ def test_the_owner_lock_names_its_holder_and_goes_with_it(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["soon", "-3", "0", "nan"])
-def test_a_bad_build_lock_timeout_is_named(value, monkeypatch):
+def test_a_bad_build_lock_timeout_is_named(value, tmp_path, monkeypatch):
+    # named at a run's start whichever folder it uses, before any build or wait
     from adaponder.errors import UsageError
-    from adaponder.train.extensions import lock_timeout
+    from adaponder.train.extensions import extensions_ready
 
     monkeypatch.setenv("ADAPONDER_BUILD_LOCK_TIMEOUT", value)
-    with pytest.raises(UsageError, match=rf"ADAPONDER_BUILD_LOCK_TIMEOUT='{value}': expected a positive number"):
-        lock_timeout()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for shared in (None, str(tmp_path / "shared")):
+        if shared:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", shared)
+        else:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+            monkeypatch.delenv("ADAPONDER_TORCH_EXTENSIONS_DIR", raising=False)
+        with pytest.raises(UsageError, match=rf"ADAPONDER_BUILD_LOCK_TIMEOUT='{value}': expected a positive number"):
+            with extensions_ready():
+                pass
+    assert not (tmp_path / "adaponder").exists() and not (tmp_path / "shared").exists()  # nothing made
 
 
 def test_a_run_with_a_lifeless_build_lock_in_a_shared_folder_stops_with_one_error_line(tmp_path, data):

@@ -222,12 +222,13 @@ def owner_lock(root: Path, say: Say | None = None) -> Iterator[None]:
 def extensions_ready(say: Say | None = None) -> Iterator[Path]:
     """Around DeepSpeed's start on the CPU: this environment's extensions folder chosen, no dead build lock in the
     way, and one process at a time building or loading there. Yields the folder."""
+    timeout = lock_timeout()  # (a bad value is named whichever folder is used)
     root, ours = use_environment_extensions_dir()
     with owner_lock(root, say):
         if ours:
             clear_dead_build_locks(root, say=say)
         else:
-            wait_for_live_builds(root, say=say)
+            wait_for_live_builds(root, timeout=timeout, say=say)
         yield root
 
 
@@ -273,8 +274,8 @@ def _has_cuda() -> bool:
 
 
 __all__ = ["DEFAULT_TIMEOUT", "ExtensionLockError", "RUN_START_EXTENSIONS", "clear_dead_build_locks",
-           "environment_extensions_dir", "extensions_ready", "load_cpu_collectives", "lock_path", "lock_timeout", "owner_lock", "shows_life",
-           "use_environment_extensions_dir", "wait_for_live_builds"]
+           "environment_extensions_dir", "extensions_ready", "load_cpu_collectives", "lock_path", "lock_timeout",
+           "owner_lock", "shows_life", "use_environment_extensions_dir", "wait_for_live_builds"]
 
 if __name__ == "__main__":
     from adaponder.cli.errors import cli_main
