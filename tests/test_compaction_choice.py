@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaponder.modeling import AdaPonderForCausalLM, pythia_config
 from adaponder.modeling.compaction_choice import CompactionChoice
 from adaponder.modeling.run_settings import RunSettings
+from helpers_decoding import gated_model
 
 CPU = torch.device("cpu")
 
@@ -45,15 +45,7 @@ def test_the_linear_fit_predicts_from_compacted_passes_of_several_sizes():
 
 @pytest.fixture(scope="module")
 def gated():
-    torch.manual_seed(0)
-    cfg = pythia_config("tiny", mode="adaponder", passes=4, vocab_size=97, hidden_size=32, num_attention_heads=4,
-                        intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
-    model = AdaPonderForCausalLM(cfg).eval()
-    with torch.no_grad():  # gates that halt a share of the tokens at τ = 0.5
-        for gate in model.gates:
-            for p in gate.parameters():
-                p.normal_(0, 0.5)
-    return model
+    return gated_model(passes=4)  # gates that halt a share of the tokens at τ = 0.5
 
 
 def _subsets(model, ids, mask, settings):

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.modeling.depth_batching import DecoderPrefill, DepthBatchedDecoder, RowPlan, TickGates, row_attention
 from conftest import settings_for, tiny_config
+from helpers_decoding import run_with_eos
 from test_cached_inference import random_model
 
 
@@ -74,11 +75,7 @@ def test_ungated_modes_equal_decoding_alone(mode):
 
 
 def test_eos_ends_a_row_and_pads_it():
-    model, ids = random_model(1, halt_per_gate=0.3)
-    prompts = ids[:, :10]
-    first = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 8)
-    eos = int(first.sequences[0, 12])  # row 0's third generated token
-    res = DepthBatchedDecoder(model, settings_for(model)).generate(prompts, 8, eos_token_id=eos)
+    model, prompts, eos, res = run_with_eos(DepthBatchedDecoder)
     for b in range(prompts.shape[0]):
         tokens, exits = decode_alone(model, prompts[b], 8, eos=eos)
         n = len(tokens)

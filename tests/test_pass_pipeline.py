@@ -16,6 +16,7 @@ from adaponder.modeling.pass_driver import drive
 from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder, PipelineLayout
 from adaponder.modeling.run_settings import RunSettings
 from conftest import settings_for, tiny_config
+from helpers_decoding import run_with_eos
 from test_cached_inference import random_model
 from test_depth_batching import decode_alone
 
@@ -51,11 +52,7 @@ def test_ponderlm_with_a_draft_head_generates_what_greedy_generate_does():
 
 
 def test_eos_ends_a_row_and_generate_pads_it():
-    model, ids = random_model(1, halt_per_gate=0.3)
-    prompts = ids[:, :10]
-    first = PipelinedSpeculativeDecoder(model, settings_for(model)).generate(prompts, 8)
-    eos = int(first.sequences[0, 12])  # row 0's third generated token
-    res = PipelinedSpeculativeDecoder(model, settings_for(model)).generate(prompts, 8, eos_token_id=eos)
+    model, prompts, eos, res = run_with_eos(PipelinedSpeculativeDecoder)
     for b in range(prompts.shape[0]):
         tokens, exits = decode_alone(model, prompts[b], 8, eos=eos)
         n = len(tokens)
@@ -183,8 +180,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="ponderlm or adaponder"):
         PipelinedSpeculativeDecoder(AdaPonderForCausalLM(tiny_config("loop", passes=2)).eval())
     model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=2, halting_heads=True)).eval()
-    with pytest.raises(ValueError, match="Q-exit"):
-        PipelinedSpeculativeDecoder(model, RunSettings(exit_rule=QExit(0.5, model.halting_heads)))
+    # (Q-exit, a rule with memory, runs here: its memory is kept per entry — tests/test_exit_rule_memory.py)
+    PipelinedSpeculativeDecoder(model, RunSettings(exit_rule=QExit(0.5, model.halting_heads)))
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
     with pytest.raises(TypeError, match="greedy"):
         model.generate(ids, max_new_tokens=3, speculative="pipelined", do_sample=True)

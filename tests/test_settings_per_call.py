@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaponder.modeling import AdaPonderForCausalLM, pythia_config
+from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.modeling.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.run_settings import RunSettings
 from conftest import run_with, settings_for
+from helpers_decoding import gated_model
 
 PACKAGE = Path(__file__).resolve().parents[1] / "adaponder"
 
@@ -62,15 +63,7 @@ def test_nothing_writes_model_config_after_construction_outside_the_allowed_plac
 
 @pytest.fixture(scope="module")
 def gated():
-    torch.manual_seed(0)
-    cfg = pythia_config("tiny", mode="adaponder", passes=3, vocab_size=97, hidden_size=32, num_attention_heads=4,
-                        intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
-    model = AdaPonderForCausalLM(cfg).eval()
-    with torch.no_grad():  # gates that halt some tokens at τ = 0.5 and none at the default τ
-        for gate in model.gates:
-            for p in gate.parameters():
-                p.normal_(0, 0.5)
-    return model
+    return gated_model(passes=3)  # gates that halt some tokens at τ = 0.5 and none at the default τ
 
 
 def _with_tau(model, tau, **settings):

@@ -12,6 +12,7 @@ from adaponder.modeling.run_settings import RunSettings
 
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig, warp
+from helpers_decoding import DRAFT_OR_NOT
 
 SHAPE = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=128)
@@ -204,49 +205,38 @@ def test_a_way_the_caller_does_not_run_is_neither_in_use_nor_judged():
     assert chooser.next_way() == "draft" and chooser.interval == 4
 
 
-class StopAfterPassOne:
-    needs = frozenset()
-    carries = False
+def adaptive_speculation(exit_rule, new_tokens, **config):
+    """ponderlm's ``new_tokens`` greedy tokens under ``exit_rule``, decoded with adaptive speculation (pass-1
+    drafts, γ from 2; ``config`` the rest of the SpeculativeConfig): the same as generate()'s. Returns the stats."""
+    model = make("ponderlm")
+    ids, mask = prompts()
+    settings = RunSettings(exit_rule=exit_rule)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, settings=settings,
+                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, settings=settings, pad_token_id=0,
+                             speculative=SpeculativeConfig(1, 2, adaptive=True, **config))
+    assert torch.equal(out, ref)
+    return model.speculative_stats
 
-    def stops(self, view):
-        return torch.ones_like(view.active)
 
-
-@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+@DRAFT_OR_NOT
 def test_the_adaptive_schedule_drafts_only_where_drafting_could_pay(exit_rule, drafts):
     """Tokens that all exit after pass 1 cost ordinary decoding what a pass-1 draft costs: the adaptive schedule
     never times a cycle there (every step ordinary); a model whose tokens take all K passes drafts."""
-    model = make("ponderlm")
-    ids, mask = prompts()
-    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, settings=settings,
-                             pad_token_id=0)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=12, settings=settings, pad_token_id=0,
-                             speculative=SpeculativeConfig(1, 2, adaptive=True, probe_every=4))
-    assert torch.equal(out, ref)
-    stats = model.speculative_stats
+    stats = adaptive_speculation(exit_rule, 12, probe_every=4)
     assert stats.plain_steps >= 1  # ordinary decoding is timed too (or is all there is)
     assert (stats.cycles > 0) == drafts
     if not drafts:
         assert stats.plain_steps == 11
 
 
-@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+@DRAFT_OR_NOT
 def test_drafting_starts_once_two_positions_are_decoded(exit_rule, drafts):
     """The prompt does not count (a model halts otherwise on text it reads than on its own continuation): two
     ordinary steps give two decoded positions, then a model whose tokens take all K passes drafts; one whose
     tokens exit after the draft passes never does."""
-    model = make("ponderlm")
-    ids, mask = prompts()
-    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, settings=settings,
-                             pad_token_id=0)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=4, settings=settings, pad_token_id=0,
-                             speculative=SpeculativeConfig(1, 2, adaptive=True))
-    assert torch.equal(out, ref)
-    stats = model.speculative_stats  # three decoded steps after the prefill's token
+    stats = adaptive_speculation(exit_rule, 4)  # three decoded steps after the prefill's token
     assert (stats.plain_steps, stats.cycles) == ((2, 1) if drafts else (3, 0))
 
 

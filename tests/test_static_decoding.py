@@ -12,6 +12,7 @@ from adaponder.modeling.pass_step import generate_positions
 from adaponder.modeling.ponder_cache import PonderCache
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers
+from helpers_decoding import record_host_reads
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
              max_position_embeddings=256)
@@ -110,11 +111,7 @@ def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
     kv = decoder.new_cache(3, 128)
     key_ok = torch.zeros(3, 128, dtype=torch.bool)
     key_ok[:, :9] = mask.bool()
-    reads = []
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"):
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _f=original, **k: (reads.append(_n),
-                                                                                                 _f(self, *a, **k))[1])
+    reads = record_host_reads(monkeypatch)
     with torch.no_grad():
         logits, exit_pass = decode_step(model, TAU, pass_buffers(kv), key_ok, ids[:, -1], torch.tensor([9]),
                                         torch.full((3,), 9))

@@ -11,6 +11,7 @@ from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SpeculativeConfig
 from adaponder.modeling.static_decoding import StaticDecoder, pass_buffers
 from adaponder.modeling.static_speculative import StaticSpeculativeDecoder, draft_step, verify_step
+from helpers_decoding import DRAFT_OR_NOT, StopAfterPassOne, record_host_reads
 from test_static_decoding import TAU, _model, _prompts  # the same models and prompts as static decoding
 
 
@@ -61,11 +62,7 @@ def test_draft_and_verify_steps_read_nothing_back_to_the_host(monkeypatch):
     key_ok = torch.zeros(3, 128, dtype=torch.bool)
     key_ok[:, :9] = mask.bool()
     buffers = pass_buffers(kv)
-    reads = []
-    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"):
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _f=original, **k: (reads.append(_n),
-                                                                                                 _f(self, *a, **k))[1])
+    reads = record_host_reads(monkeypatch)
     with torch.no_grad():
         token, *state = draft_step(model, TAU, buffers, key_ok, ids[:, -1], torch.tensor([9]), torch.full((3,), 9), 1)
         block = torch.stack([ids[:, -1], token], 1)
@@ -96,40 +93,30 @@ def test_adaptive_draft_length_moves_by_powers_of_two_with_the_same_tokens():
     assert all(b == min(2 * a, 8) for a, b in zip(advances, advances[1:]))
 
 
-class StopAfterPassOne:
-    needs = frozenset()
-    carries = False
-
-    def stops(self, view):
-        return torch.ones_like(view.active)
+def static_adaptive_speculation(exit_rule, draft_tokens, new_tokens):
+    """ponderlm's ``new_tokens`` greedy tokens under ``exit_rule``, decoded by the static decoder with adaptive
+    speculation (pass-1 drafts, γ from ``draft_tokens``): the same as generate()'s. Returns the stats."""
+    model = _model("ponderlm")
+    ids, mask = _prompts()
+    settings = RunSettings(exit_rule=exit_rule)
+    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, draft_tokens, adaptive=True), settings)
+    out = decoder.generate(ids, mask, new_tokens)
+    with torch.no_grad():
+        ref = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, settings=settings)
+    assert torch.equal(out, ref)
+    return decoder.stats
 
 
 def test_compiled_adaptive_speculation_never_drafts_where_tokens_exit_after_the_draft_passes():
-    model = _model("ponderlm")
-    ids, mask = _prompts()
-    settings = RunSettings(exit_rule=StopAfterPassOne())
-    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 4, adaptive=True), settings)
-    out = decoder.generate(ids, mask, 12)
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, settings=settings)
-    assert torch.equal(out, ref)
-    assert decoder.stats.cycles == 0 and decoder.stats.plain_steps == 11
+    stats = static_adaptive_speculation(StopAfterPassOne(), 4, 12)
+    assert stats.cycles == 0 and stats.plain_steps == 11
 
 
-@pytest.mark.parametrize("exit_rule,drafts", [(StopAfterPassOne(), False), (None, True)])
+@DRAFT_OR_NOT
 def test_static_adaptive_speculation_starts_once_two_positions_are_decoded(exit_rule, drafts):
-    """The prompt does not count (a model halts otherwise on text it reads than on its own continuation): two
-    ordinary steps give two decoded positions, then a model whose tokens take all K passes drafts; one whose
-    tokens exit after the draft passes never does."""
-    model = _model("ponderlm")
-    ids, mask = _prompts()
-    settings = RunSettings(exit_rule=exit_rule) if exit_rule is not None else RunSettings()
-    decoder = StaticSpeculativeDecoder(model, SpeculativeConfig(1, 2, adaptive=True), settings)
-    out = decoder.generate(ids, mask, 4)
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, settings=settings)
-    assert torch.equal(out, ref)
-    assert (decoder.stats.plain_steps, decoder.stats.cycles) == ((2, 1) if drafts else (3, 0))
+    """As test_speculative.py's test_drafting_starts_once_two_positions_are_decoded, on the static decoder."""
+    stats = static_adaptive_speculation(exit_rule, 2, 4)
+    assert (stats.plain_steps, stats.cycles) == ((2, 1) if drafts else (3, 0))
 
 
 def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():

@@ -28,7 +28,9 @@ when the ticks reach their end, rather than holding the whole generation from th
 
 The exit step and the feedback are the pass driver's (:func:`.pass_driver.exit_step`, :func:`.pass_driver.feed_back`),
 applied to the tick's rows, each at its own pass: any exit rule that decides per element (the threshold rule of A6,
-Q-exit with a head, a rule on token ids; not fixed pruning, which draws over a batch at one pass) is honoured.
+Q-exit with a head, a rule on token ids; not fixed pruning, which draws over a batch at one pass) is honoured. A rule's
+memory (``carries``) stays with its row and starts afresh at each token's pass 1, as the exit step sees to for every
+layout (:func:`~.exit_rules.rule_answer`): a row that emits a token starts the next in the same slot.
 
 Scope: greedy decoding of equal-length, unpadded prompts, modes ``vanilla``, ``ponderlm`` and ``adaponder``.
 """
@@ -322,7 +324,7 @@ class TickLayout:
         self.passes = [1] * len(self.live)
         self.positions = [length] * len(self.live)
         self.E = self._first_input([self.tokens[b][-1] for b in self.live])
-        self.carry = None  # the exit rule's per-row memory (rows at pass 1 start afresh)
+        self.carry = None  # the exit rule's per-row memory (a row at pass 1 starts afresh: exit_rules.rule_answer)
         self.ticks = self.token_passes = self.pondering_ticks = self.gate_runs = self.attended = 0
 
     def running(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from .compaction_choice import CompactionChoice, start_timer, stop_timer
-from .exit_rules import ExitRule, PassView
+from .exit_rules import ExitRule, PassView, rule_answer
 from .pass_step import GateWarmup, PassContext, PassRun
 from .ponder_cache import KVAligner, TokenSubset
 from .pondering import pondering_from_logits
@@ -28,11 +28,12 @@ from .run_settings import RunSettings
 def exit_step(rule: ExitRule, view: PassView, last: bool | torch.Tensor = False) -> torch.Tensor:
     """A6, for any rule: the elements of ``view.active`` that go on to the next pass (``m^{i+1}``, boolean, no
     gradient). ``last``: True (or True per element) where the element has run its last pass and stops whatever the
-    rule says. Returns ``view.active`` itself when nothing stops (a caller can then skip finding the survivors)."""
+    rule says. The rule is asked through :func:`~.exit_rules.rule_answer`, for every layout: its memory starts
+    afresh at each element's pass 1 and its answer is checked (a boolean tensor of the view's shape); its memory for
+    the next pass is left in ``view.next_carry``."""
     if last is True:
         return torch.zeros_like(view.active)
-    stops = rule.stops(view)
-    going = view.active if stops is None else view.active & ~stops.detach().to(torch.bool)
+    going = view.active & ~rule_answer(rule, view).detach()
     if isinstance(last, torch.Tensor):
         going = going & ~last
     return going

@@ -30,7 +30,9 @@ token for token that of ordinary greedy decoding. A token that halts is complete
 next one is then its final distribution.
 
 Scope: greedy decoding of equal-length, unpadded prompts, ``ponderlm`` and ``adaponder`` with K ≥ 2 and any exit
-rule without a per-token memory across passes (not Q-exit).
+rule that decides per element (not fixed pruning, which draws over a batch at one pass). A rule's memory across passes
+(``carries``: Q-exit, or a rule of one's own) is kept per entry — it follows the entries as they are dropped and
+started, and starts afresh at each token's pass 1 (:func:`~.exit_rules.rule_answer`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from dataclasses import dataclass
 import torch
 
 from .depth_batching import DecoderPrefill, DepthBatchedDecoder, TickLayout, _index
-from .exit_rules import QExit
 from .input_checks import check_generation_length
 from .pass_driver import drive
 from .run_settings import RunSettings
@@ -90,9 +91,6 @@ class PipelinedSpeculativeDecoder:
                              f"this one is {cfg.mode!r} with K = {cfg.num_passes}")
         self.batched = DepthBatchedDecoder(model, settings)
         self.model, self.settings = model, self.batched.settings
-        if isinstance(self.settings.rule, QExit):
-            raise ValueError("pass-pipelined drafting does not run Q-exit: its per-token memory across passes "
-                             "(the exit distribution so far) is not kept per entry; use SelfSpeculativeDecoder")
         if self.settings.num_passes(cfg.num_passes) < 2:
             raise ValueError(f"settings.passes ({self.settings.passes}) leaves one pass: nothing to pipeline")
         self.stats = PipelineStats()
@@ -212,12 +210,15 @@ class PipelineLayout(TickLayout):
             entries, starts = self._verify(b, entries, starts)
         entries, starts = self._redraft(entries, starts)
         old = [e[4] for e in entries]
-        E = self.E
+        E, carry = self.E, self.carry
         if len(old) < E.shape[0] or old != list(range(len(old))):
             E = E.index_select(0, _index(old, E.device))
+            carry = None if carry is None else carry.index_select(0, _index(old, carry.device))
         if starts:
             E = torch.cat([E, self._first_input([tok for _, _, tok in starts])])
-        self.E = E
+            if carry is not None:  # the rule's memory of the new entries: a placeholder (they start afresh at pass 1)
+                carry = torch.cat([carry, carry.new_zeros(len(starts), *carry.shape[1:])])
+        self.E, self.carry = E, carry
         self.live = [e[0] for e in entries] + [b for b, _, _ in starts]
         self.passes = [e[1] for e in entries] + [1] * len(starts)
         self.positions = [e[2] for e in entries] + [t for _, t, _ in starts]

@@ -11,10 +11,17 @@ This file travels with saved checkpoints (``auto_map``): standard library and to
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .exit_rules import ExitRule, ThresholdExit, check_tau
+from .exit_rules import ExitRule, ExitRuleError, ThresholdExit, check_tau, rule_problem
+
+try:
+    from adaponder.errors import UsageError as _UsageError
+except ImportError:  # a checkpoint's copy of this file, loaded where adaponder is not installed
+    _UsageError = ValueError
 
 #: τ of A6 when a call names none.
 DEFAULT_TAU = 1e-4
@@ -24,6 +31,47 @@ DEFAULT_TAU = 1e-4
 #: still name them (they become the run's :class:`RunSettings`).
 LEGACY_CONFIG_KEYS = {"halting_threshold": "tau", "compact_inference": "compact", "ponder_chunk_size": "chunk_size",
                       "ponder_recompute": "recompute"}
+
+
+class SettingsError(_UsageError, TypeError):
+    """Run-time settings built with bad fields (:class:`RunSettings`, ``SpeculativeConfig``): one error naming every
+    bad field, what it got and what was expected. Where adaponder is installed this is a
+    :class:`adaponder.errors.UsageError` (a ``ValueError``); it is a ``TypeError`` too (a field of the wrong type)."""
+
+    def __init__(self, owner: str, problems: list[str]):
+        self.owner, self.problems = owner, list(problems)
+        text = self.problems[0] if len(self.problems) == 1 else \
+            f"{len(self.problems)} bad fields: " + "; ".join(self.problems)
+        super().__init__(f"{owner}: {text}")
+
+
+def _got(value) -> str:
+    return f"got {value!r} ({type(value).__name__})"
+
+
+def int_field(problems: list[str], name: str, value, low: int, *, optional: bool = False):
+    """``value`` as an int when it is an integer (not a bool) ``>= low`` (or None when ``optional``); else the
+    problem is added to ``problems`` and ``value`` returned as it is."""
+    if value is None and optional:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low:
+        return int(value)
+    problems.append(f"{name} must be an integer >= {low}{' or None' if optional else ''}, {_got(value)}")
+    return value
+
+
+def bool_field(problems: list[str], name: str, value):
+    if not isinstance(value, bool):
+        problems.append(f"{name} must be True or False, {_got(value)}")
+    return value
+
+
+def positive_field(problems: list[str], name: str, value):
+    """``value`` as a float when it is a finite real number (not a bool) ``> 0``; else the problem is added."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    problems.append(f"{name} must be a number > 0, {_got(value)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -57,17 +105,27 @@ class RunSettings:
     compile: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "tau", check_tau(self.tau))
-        if self.passes is not None and (isinstance(self.passes, bool) or not isinstance(self.passes, int)
-                                        or self.passes < 1):
-            raise ValueError(f"passes must be an integer >= 1, got {self.passes!r}")
-        if self.compact not in (True, False, "auto") or isinstance(self.compact, int) and not isinstance(
-                self.compact, bool):
-            raise ValueError(f"compact must be True, False or 'auto', got {self.compact!r}")
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int) or self.chunk_size < 0:
-            raise ValueError(f"chunk_size must be an integer >= 0 (0 = the default block), got {self.chunk_size!r}")
-        if self.exit_rule is not None and not isinstance(self.exit_rule, ExitRule):
-            raise TypeError(f"exit_rule must be an ExitRule (needs, stops(view)); got {type(self.exit_rule).__name__}")
+        """Every field's type and range, checked at once: one :class:`SettingsError` naming every bad field (an
+        exit rule alone at fault: :class:`~.exit_rules.ExitRuleError`, naming its class). Bools are not integers."""
+        problems = []
+        try:
+            object.__setattr__(self, "tau", check_tau(self.tau))
+        except ValueError as err:
+            problems.append(f"{err} ({type(self.tau).__name__})")
+        object.__setattr__(self, "passes", int_field(problems, "passes", self.passes, 1, optional=True))
+        if not (self.compact == "auto" and isinstance(self.compact, str) or isinstance(self.compact, bool)):
+            problems.append(f"compact must be True, False or 'auto', got {self.compact!r}")
+        object.__setattr__(self, "chunk_size", int_field(problems, "chunk_size (0 = the default block)",
+                                                         self.chunk_size, 0))
+        bool_field(problems, "recompute", self.recompute)
+        bool_field(problems, "compile", self.compile)
+        rule = None if self.exit_rule is None else rule_problem(self.exit_rule)
+        if rule is not None and not problems:
+            raise ExitRuleError(rule)
+        if rule is not None:
+            problems.insert(0, rule)
+        if problems:
+            raise SettingsError("RunSettings", problems)
 
     @property
     def rule(self) -> ExitRule:
@@ -96,4 +154,5 @@ def settings_or_default(settings: RunSettings | None) -> RunSettings:
     return settings
 
 
-__all__ = ["DEFAULT_TAU", "LEGACY_CONFIG_KEYS", "RunSettings", "settings_or_default"]
+__all__ = ["DEFAULT_TAU", "LEGACY_CONFIG_KEYS", "RunSettings", "SettingsError", "bool_field", "int_field",
+           "positive_field", "settings_or_default"]

@@ -37,7 +37,7 @@ import torch
 from .pass_driver import run_passes
 from .pass_step import PassRun, generate_positions
 from .ponder_cache import KVAligner, PonderCache
-from .run_settings import RunSettings, settings_or_default
+from .run_settings import RunSettings, SettingsError, bool_field, int_field, positive_field, settings_or_default
 from .way_choice import WayChooser
 
 
@@ -66,18 +66,26 @@ class SpeculativeConfig:
     probe_every: int = 32
     min_gain: float = 1.1
 
-    def check(self, num_passes: int) -> None:
+    def __post_init__(self):
+        """Every field's type and range, checked when built: one :class:`~.run_settings.SettingsError` naming every
+        bad field (bools are not integers). The bound that depends on the model (``draft_passes < K``) is
+        :meth:`check`'s."""
         problems = []
-        if not 1 <= self.draft_passes < num_passes:
-            problems.append(f"draft_passes must lie in [1, K) = [1, {num_passes}), got {self.draft_passes}")
-        if self.draft_tokens < 1:
-            problems.append(f"draft_tokens must be >= 1, got {self.draft_tokens}")
-        if self.min_gain <= 0:
-            problems.append(f"min_gain must be > 0, got {self.min_gain}")
-        if self.adaptive and self.max_draft_tokens < self.draft_tokens:
-            problems.append(f"max_draft_tokens ({self.max_draft_tokens}) must be >= draft_tokens ({self.draft_tokens})")
+        for name, low in (("draft_passes", 1), ("draft_tokens", 1), ("max_draft_tokens", 1), ("probe_every", 1)):
+            object.__setattr__(self, name, int_field(problems, name, getattr(self, name), low))
+        bool_field(problems, "adaptive", self.adaptive)
+        object.__setattr__(self, "min_gain", positive_field(problems, "min_gain", self.min_gain))
+        if not problems and self.adaptive and self.max_draft_tokens < self.draft_tokens:
+            problems.append(f"max_draft_tokens ({self.max_draft_tokens}) must be >= draft_tokens ({self.draft_tokens})"
+                            " when adaptive")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise SettingsError("SpeculativeConfig", problems)
+
+    def check(self, num_passes: int) -> None:
+        """The model's bound: ``draft_passes`` must leave passes to verify (:class:`~.run_settings.SettingsError`)."""
+        if not 1 <= self.draft_passes < num_passes:
+            raise SettingsError("SpeculativeConfig", [f"draft_passes must lie in [1, K) = [1, {num_passes}), "
+                                                      f"got {self.draft_passes}"])
 
 
 @dataclass

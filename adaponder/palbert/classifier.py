@@ -35,7 +35,7 @@ from transformers.utils import ModelOutput
 from adaponder.core_modes import CLASSIFIER_CORE_MODES, classifier_core_mode
 from adaponder.hub import checkpoint_source
 from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderForCausalLM
-from adaponder.modeling.exit_rules import ExitRule, NoHalting, PassView
+from adaponder.modeling.exit_rules import ExitRule, NoHalting, PassView, check_rule
 from adaponder.modeling.modeling_adaponder import AdaPonderPreTrainedModel, PassContext
 from adaponder.modeling.pass_driver import drive
 from adaponder.palbert.pondernet import (
@@ -358,6 +358,7 @@ class AdaPonderForSequenceClassification(AdaPonderPreTrainedModel):
         """
         cfg = self.config
         if isinstance(rule, ExitRule):
+            check_rule(rule)  # its needs name known fields (ExitRuleError naming the rule's class)
             if "lambda" in rule.needs and self.lambda_layer is None:
                 raise ValueError(f"{rule!r} needs λ; a '{cfg.palbert_method}' model has no Lambda layer")
         elif rule not in EXIT_RULES:
