@@ -4,7 +4,11 @@ comma-separated integers >= 1``). argparse's ``type=int`` covers one number; the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from adaponder.errors import UsageError
@@ -34,4 +38,32 @@ def number_list(text: str, arg: str, kind: type = int, minimum: float | None = N
     return out
 
 
-__all__ = ["number_list"]
+def name_list(text: str, arg: str, choices: Collection[str], what: str) -> list[str]:
+    """``text`` (comma-separated) as a list of names, each one of ``choices``; ``what`` names one in the message
+    (e.g. ``dtype``)."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in choices]
+    if unknown:
+        raise UsageError(f"{arg} {text!r}: {unknown[0]!r} is not a {what} here; expected a comma-separated list of "
+                         f"{', '.join(choices)}")
+    return names
+
+
+def counts(args: Any, names: Iterable[str]) -> None:
+    """Each of ``args``' attributes ``names`` (option ``--a-name`` for ``a_name``) an integer >= 1."""
+    for name in names:
+        number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
+
+
+@contextmanager
+def exit_on_usage_error() -> Iterator[None]:
+    """For scripts without :func:`adaponder.cli.errors.cli_main`: a :class:`UsageError` raised inside becomes one
+    ``error:`` line on stderr and exit code 2."""
+    try:
+        yield
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+__all__ = ["counts", "exit_on_usage_error", "name_list", "number_list"]

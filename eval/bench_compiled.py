@@ -154,6 +154,12 @@ def main(argv=None):
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
+    from adaponder.arg_checks import exit_on_usage_error
+    from adaponder.modeling.presets import checked_size
+
+    with exit_on_usage_error():
+        for shape in args.shapes.split(","):
+            checked_size(shape, "--shapes", also=("tiny", "study"))
     if args.threads:
         torch.set_num_threads(args.threads)
     global _device

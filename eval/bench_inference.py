@@ -494,23 +494,17 @@ def main(argv=None):
 def _check_arguments(args) -> None:
     """Every list and count of the command line checked before any model is built: one ``error:`` line naming
     the argument, the value and what was expected, and exit code 2."""
-    from adaponder.arg_checks import number_list
-    from adaponder.errors import UsageError
+    from adaponder.arg_checks import counts, exit_on_usage_error, name_list, number_list
+    from adaponder.modeling.presets import checked_size
 
-    try:
+    with exit_on_usage_error():
+        checked_size(args.size, "--size")
         args.batches = number_list(str(args.batch) if args.batch is not None else args.batches,
                                    "--batch" if args.batch is not None else "--batches", int, 1, "batch size")
         number_list(args.savings, "--savings", float, what="saving", check=lambda s: 0 <= s < 1,
                     expected="comma-separated shares in [0, 1), e.g. 0,0.25,0.5")
-        for name in ("context", "new_tokens", "repeats"):
-            number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
-        unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
-        if unknown:
-            raise UsageError(f"--dtypes {args.dtypes!r}: {unknown[0]!r} is not a dtype here; expected a "
-                             f"comma-separated list of {', '.join(DTYPES)}")
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        counts(args, ("context", "new_tokens", "repeats"))
+        name_list(args.dtypes, "--dtypes", DTYPES, "dtype")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
+    from adaponder.errors import require_checkpoint
+    from adaponder.arg_checks import exit_on_usage_error
+    from adaponder.modeling.presets import checked_size
+
+    with exit_on_usage_error():  # before lm-eval loads
+        require_checkpoint(args.checkpoint, "--checkpoint") if args.checkpoint else checked_size(args.size, "--size")
     if args.threads:
         torch.set_num_threads(args.threads)
     if not os.environ.get("ADAPONDER_EVAL_DATA"):

@@ -263,14 +263,16 @@ def main(argv=None):
                          "compiled draft and verify steps (RunSettings(compile=True))")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
-    ap.add_argument("--pipelined", action="store_true",
-                    help="also a row decoding with the passes as a pipeline (γ column 'P'; tok/cyc = tokens per tick)")
-    ap.add_argument("--without-draft-head", action="store_true",
-                    help="checkpoints with a draft head (docs/method.md A24): also a row drafting from pass 1's own "
-                         "logits (the head removed), the same weights otherwise")
-    ap.add_argument("--no-packed", action="store_true",
-                    help="products of several rows with vocabulary-sized weights on MKL's GEMM, not on copies packed "
-                         "once for oneDNN (adaponder.modeling.pondering.use_packed_weights): what they gain")
+    rows = ap.add_argument_group("rows beside the default ones (each measures one choice against the plain row)")
+    rows.add_argument("--pipelined", action="store_true",
+                      help="also a row decoding with the passes as a pipeline (γ column 'P'; tok/cyc = tokens per "
+                           "tick)")
+    rows.add_argument("--without-draft-head", action="store_true",
+                      help="checkpoints with a draft head (docs/method.md A24): also a row drafting from pass 1's "
+                           "own logits (the head removed), the same weights otherwise")
+    rows.add_argument("--no-packed", action="store_true",
+                      help="products of several rows with vocabulary-sized weights on MKL's GEMM, not on copies "
+                           "packed once for oneDNN (adaponder.modeling.pondering.use_packed_weights): what they gain")
     args = ap.parse_args(argv)
     batches = _checked_arguments(args)
     if args.threads:
@@ -318,21 +320,20 @@ def main(argv=None):
 def _checked_arguments(args) -> list[int]:
     """Every list and count of the command line checked before any model is built: one ``error:`` line naming
     the argument, the value and what was expected, and exit code 2. Returns the batch sizes."""
-    from adaponder.arg_checks import number_list
-    from adaponder.errors import UsageError
+    from adaponder.errors import require_checkpoint
+    from adaponder.arg_checks import counts, exit_on_usage_error, name_list, number_list
+    from adaponder.modeling.presets import checked_size
 
-    try:
+    with exit_on_usage_error():
+        for path in args.checkpoint:  # (a missing folder would be looked up as a Pythia size)
+            require_checkpoint(path, "--checkpoint")
+        for spec in filter(None, args.shapes.split(",")):
+            if not Path(spec).is_dir():  # (load_model takes a folder given here as a checkpoint)
+                checked_size(spec.partition(":")[0], "--shapes")
         args.gammas = number_list(args.gammas, "--gammas", int, 1, "γ")
         batches = number_list(args.batches, "--batches", int, 1, "batch size")
-        for name in ("context", "new_tokens", "draft_passes", "repeats", "prompts"):
-            number_list(str(getattr(args, name)), "--" + name.replace("_", "-"), int, 1)
-        unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
-        if unknown:
-            raise UsageError(f"--dtypes {args.dtypes!r}: {unknown[0]!r} is not a dtype here; expected a "
-                             f"comma-separated list of {', '.join(DTYPES)}")
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        counts(args, ("context", "new_tokens", "draft_passes", "repeats", "prompts"))
+        name_list(args.dtypes, "--dtypes", DTYPES, "dtype")
     return batches
 
 

@@ -236,6 +236,11 @@ def main(argv=None):
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    from adaponder.arg_checks import exit_on_usage_error
+    from adaponder.modeling.presets import checked_size
+
+    with exit_on_usage_error():
+        checked_size(args.size, "--size")
     if args.group:
         print(json.dumps(group_worker(args.group.split(","), args.size, args.dtype, args.batch, args.seq, args.steps,
                                       args.device)))

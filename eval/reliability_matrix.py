@@ -86,11 +86,12 @@ class Matrix:
         self._base: Path | None = None
 
     # -- running ------------------------------------------------------------------------------------------
-    def run(self, *args: str | Path, timeout: float | None = None, cwd: Path | None = None) -> Proc:
+    def run(self, *args: str | Path, timeout: float | None = None, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> Proc:
         cmd = [sys.executable, *map(str, args)]
         try:
-            p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout or self.timeout,
-                               cwd=cwd or self.work)
+            p = subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True, text=True,
+                               timeout=timeout or self.timeout, cwd=cwd or self.work)
             return Proc(p.returncode, p.stdout, p.stderr)
         except subprocess.TimeoutExpired as e:
             return Proc(None, _text(e.stdout), _text(e.stderr))
@@ -711,6 +712,309 @@ def case_edge_difficulty_foreign_labels(m: Matrix) -> tuple[str, str]:
                    "val.labels.npy", "do not belong")
 
 
+# -- checked at the door: loads on a local checkpoint, rotation, Ctrl-C, every bad argument (section R) -------------
+def case_door_dial_local_checkpoint(m: Matrix) -> tuple[str, str]:
+    """``adaponder dial`` on a local checkpoint (it failed on every one: an argument passed by position)."""
+    p = m.run("-m", "adaponder.cli.main", "dial", _eval_checkpoint(m), "--data", m.data["corpus"], "--taus",
+              "0.01,0.1", "--window", "64", "--max-tokens", "512")
+    if p.rc != 0:
+        return refusal(p)
+    rows = [ln for ln in p.out.splitlines() if ln.startswith("| 0.01 ") or ln.startswith("| 0.1 ")]
+    return ("recovered", f"exit 0, the τ rows {len(rows)} of 2") if len(rows) == 2 else ("silent", "no τ rows")
+
+
+# A pretraining run whose first deletion of an old checkpoint is killed (SIGKILL) after one file: the state a kill
+# in the middle of shutil.rmtree leaves.
+_KILL_IN_ROTATION = """
+import os, shutil, signal, sys
+real = shutil.rmtree
+def rmtree(path, *args, **kwargs):
+    state = os.path.join(path, "trainer_state.json")
+    if os.path.isfile(state):
+        os.unlink(state)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(path, *args, **kwargs)
+shutil.rmtree = rmtree
+from adaponder.cli.pretrain import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def case_door_rotation_kill(m: Matrix) -> tuple[str, str]:
+    cfg = m.config("door-rotation", train={"steps": 6}, checkpoint={"every": 2, "keep": 1})
+    run = cfg.parent / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    killed = m.run("-c", _KILL_IN_ROTATION, "--config", cfg)
+    if killed.rc != -9:
+        return "unclear", f"the run was not killed in the rotation (exit {killed.rc}): {killed.last_error[:200]}"
+    ck = run / "checkpoints"
+    half = [p.name for p in ck.iterdir() if p.name.startswith("step") and not (p / "trainer_state.json").is_file()]
+    if half:
+        return "data loss", f"after the kill: {half} named like checkpoints, incomplete"
+    p = m.pretrain(cfg, "--resume", "auto")
+    if p.rc != 0:
+        return refusal(p)
+    left = [p.name for p in ck.iterdir() if p.name.startswith((".deleting-", ".tmp-"))]
+    ok, what = _loadable(m, ck)
+    if left or not ok:
+        return "data loss", f"leftovers {left}; {what}"
+    return "recovered", f"killed while deleting step 2: no half checkpoint; resumed, finished; {what}"
+
+
+# Ctrl-C twice in the save of step 4 (SIGINT sent by the process to itself once the files are written).
+_CTRL_C_IN_SAVE = """
+import os, re, signal, sys
+import adaponder.train.checkpoint as C
+real = C.hash_files
+def hash_files(folder, names):
+    if re.match(r"^\\.tmp-step00000004-", folder.name):
+        for _ in range({count}):
+            os.kill(os.getpid(), signal.SIGINT)
+    return real(folder, names)
+C.hash_files = hash_files
+from adaponder.cli.pretrain import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _door_ctrl_c(m: Matrix, name: str, count: int, latest: str, *must: str) -> tuple[str, str]:
+    cfg = m.config(name, train={"steps": 8}, checkpoint={"every": 2})
+    shutil.rmtree(cfg.parent / "run", ignore_errors=True)
+    p = m.run("-c", _CTRL_C_IN_SAVE.format(count=count), "--config", cfg)
+    if p.rc is None:
+        return "hang", "killed at the time limit"
+    if "Traceback" in p.err:
+        return "traceback", p.err.strip().splitlines()[-1][:300]
+    text = p.out + p.err
+    missing = [x for x in must if x not in text]
+    ck = cfg.parent / "run" / "checkpoints"
+    named = (ck / "latest").read_text().strip() if (ck / "latest").is_file() else None
+    if p.rc != 130 or missing or named != latest:
+        return "unclear", f"exit {p.rc}; missing {missing}; latest {named}"
+    ok, what = _loadable(m, ck)
+    return ("recovered", f"exit 130, one line; latest {latest}; {what}") if ok else ("data loss", what)
+
+
+def case_door_ctrl_c_twice_while_saving(m: Matrix) -> tuple[str, str]:
+    return _door_ctrl_c(m, "door-ctrl-c-2", 2, "step00000005", "waiting for it to finish", "received SIGINT: saved")
+
+
+def case_door_ctrl_c_three_times_while_saving(m: Matrix) -> tuple[str, str]:
+    return _door_ctrl_c(m, "door-ctrl-c-3", 3, "step00000002", "stopped at once by Ctrl-C at step 4")
+
+
+def _door_refusal(m: Matrix, name: str, args: tuple, *must: str) -> tuple[str, str]:
+    """A command that must refuse: one line naming ``must``, and nothing written under its folder."""
+    root = m.work / name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    before = _listing(root)
+    p = m.run(*[str(a).replace("{root}", str(root)) for a in args], cwd=root)
+    return _unchanged(before, _listing(root), refusal(p, *must))
+
+
+def case_door_eval_limit_negative(m: Matrix) -> tuple[str, str]:
+    return _door_refusal(m, "door-limit", ("-m", "adaponder.cli.lm_eval", _eval_checkpoint(m), "--tasks",
+                                           "adaponder_piqa", "--limit", "-1", "--device", "cpu", "--output_path",
+                                           "{root}/results"), "--limit -1", "expected a number of examples")
+
+
+def case_door_eval_empty_document(m: Matrix) -> tuple[str, str]:
+    records = [_PIQA[0], json.dumps({"goal": "", "sol1": "a", "sol2": "b"}), _PIQA[2]]
+    return refusal(_piqa_eval(m, "door-empty-doc", records, ["0", "1", "0"]), "valid.jsonl:2", "goal is empty")
+
+
+def _door_ppl(m: Matrix, name: str, *args: str, must: tuple[str, ...]) -> tuple[str, str]:
+    return _door_refusal(m, name, ("-m", "adaponder.cli.perplexity", _eval_checkpoint(m), "--data", m.data["corpus"],
+                                   "--json", "{root}/r.json", *args), *must)
+
+
+def case_door_perplexity_passes_beyond_k(m: Matrix) -> tuple[str, str]:
+    return _door_ppl(m, "door-passes", "--passes", "9", must=("--passes 9", "expected 1 <= --passes <= 4"))
+
+
+def case_door_perplexity_target_beyond_k(m: Matrix) -> tuple[str, str]:
+    return _door_ppl(m, "door-target", "--exit-rule", "uniform", "--target-mean-exit", "9",
+                     must=("--target-mean-exit 9", "expected 1 <= --target-mean-exit <= 4"))
+
+
+def case_door_perplexity_max_tokens_0(m: Matrix) -> tuple[str, str]:
+    return _door_ppl(m, "door-max-tokens", "--max-tokens", "0", must=("--max-tokens 0", "tokens >= 1"))
+
+
+def case_door_bench_size_unknown(m: Matrix) -> tuple[str, str]:
+    return _door_refusal(m, "door-bench-size", (REPO / "eval" / "bench_inference.py", "--size", "7b", "--json",
+                                                "{root}/rows.json"), "--size '7b'", "no such Pythia size")
+
+
+def case_door_bench_checkpoint_missing(m: Matrix) -> tuple[str, str]:
+    return _door_refusal(m, "door-bench-ckpt", ("-m", "adaponder.cli.main", "bench", "speculative", "--checkpoint",
+                                                "{root}/no-such/hf"), "--checkpoint",
+                         "no such folder (expected a checkpoint folder")
+
+
+def case_door_reasoning_max_hops_0(m: Matrix) -> tuple[str, str]:
+    return _door_refusal(m, "door-hops", ("-m", "adaponder.cli.reasoning_data", "{root}/corpus", "--max-hops", "0"),
+                         "max_hops: 0")
+
+
+def case_door_reasoning_symbols_absurd(m: Matrix) -> tuple[str, str]:
+    return _door_refusal(m, "door-symbols", ("-m", "adaponder.cli.reasoning_data", "{root}/corpus", "--symbols",
+                                             "1000000"), "symbols: 1000000", "one-hop queries")
+
+
+def case_door_build_lock_timeout(m: Matrix) -> tuple[str, str]:
+    cfg = m.config("door-lock-timeout")
+    run = cfg.parent / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    p = m.run("-m", "adaponder.cli.pretrain", "--config", cfg, env={"ADAPONDER_BUILD_LOCK_TIMEOUT": "soon"})
+    verdict = refusal(p, "ADAPONDER_BUILD_LOCK_TIMEOUT='soon'", "expected a positive number")
+    return ("data loss", f"{verdict[1]}; {run} was created") if run.exists() else verdict
+
+
+def case_door_flops_dict(m: Matrix) -> tuple[str, str]:
+    return raised(m.python(_api("model.flops_per_token({1: 3, 2: 5})")), "exit_pass", "got dict")
+
+
+# -- calibration and studies that notice what changed (section S) -------------------------------------------------
+def _foreign_tokenizer_checkpoint(m: Matrix) -> Path:
+    """A ponderlm with consistency heads of the toy data's vocabulary, saved without a tokenizer: it evaluates with
+    the bundled Pythia tokenizer, not the toy BPE the toy data was prepared with."""
+    hf = m.work / "notice-ckpt"
+    if not (hf / "config.json").is_file():
+        m.python(f"""
+            import sys; sys.path.insert(0, {str(REPO / 'tests')!r})
+            from helpers_evaluation import tiny_model
+            from helpers_train import TINY_VOCAB
+            tiny_model(mode="ponderlm", passes=2, consistency_heads=True, hidden_size=32, intermediate_size=64,
+                       vocab_size=TINY_VOCAB).save_pretrained({str(hf)!r})
+        """)
+    return hf
+
+
+def _notice_foreign(m: Matrix, *command: str) -> tuple[str, str]:
+    ckpt = _foreign_tokenizer_checkpoint(m)
+    before = _listing(ckpt)
+    p = m.run("-m", "adaponder.cli.main", command[0], ckpt, "--data", m.data["data"], *command[1:])
+    return _unchanged(before, _listing(ckpt), refusal(p, str(m.data["data"]), "the model's tokenizer",
+                                                       "is not the corpus's"))
+
+
+def case_notice_calibrate_foreign_tokenizer(m: Matrix) -> tuple[str, str]:
+    return _notice_foreign(m, "calibrate", "--split", "val", "--test-split", "val")
+
+
+def case_notice_perplexity_foreign_tokenizer(m: Matrix) -> tuple[str, str]:
+    return _notice_foreign(m, "perplexity", "--packing", "stream", "--window", "32")
+
+
+def case_notice_calibrate_ctrl_c(m: Matrix) -> tuple[str, str]:
+    """Ctrl-C while ``adaponder calibrate`` runs (its progress bar shown): one line, exit 130, nothing written."""
+    import signal
+    import threading
+
+    ckpt = m.work / "notice-ctrl-c" / "ckpt"
+    shutil.rmtree(ckpt.parent, ignore_errors=True)
+    shutil.copytree(_foreign_tokenizer_checkpoint(m), ckpt)
+    m.python(f"""
+        from adaponder.train.export import save_tokenizer
+        save_tokenizer({str(ckpt)!r}, {str(m.data["tokenizer"])!r})
+    """)
+    before = _listing(ckpt)
+    proc = m.start("-m", "adaponder.cli.main", "calibrate", ckpt, "--data", m.data["data"], "--split", "val",
+                   "--test-split", "val", "--window", "8", "--batch-size", "1")
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    t0 = time.time()
+    while "calibrating" not in "".join(err) and proc.poll() is None and time.time() - t0 < m.timeout:
+        time.sleep(0.1)
+    if proc.poll() is not None:
+        return "unclear", f"calibrate ended (exit {proc.returncode}) before the progress bar: {''.join(err)[-300:]!r}"
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "hang", "no exit within 60 s of Ctrl-C"
+    reader.join(timeout=10)
+    text = "".join(err)
+    if "Traceback" in text:
+        return "traceback", text.strip().splitlines()[-1][:300]
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if "Ctrl-C" in ln]
+    if _listing(ckpt) != before:
+        return "data loss", f"exit {proc.returncode}; the checkpoint folder changed"
+    if proc.returncode != 130 or len(lines) != 1:
+        return "unclear", f"exit {proc.returncode}; lines {lines}"
+    return "clear error", f"exit 130: {lines[0]}"
+
+
+def _notice_study(m: Matrix, root: Path, *extra: str, start: bool = False):
+    args = [REPO / "launch" / "study.py", "--config", REPO / "configs/study/cpu.yaml", "--profile", "quick",
+            "--corpus", m.data["corpus"]]
+    for s in (f"study.runs_dir={root / 'runs'}", f"study.results_dir={root / 'results'}",
+              f"study.report={root / 'study.md'}", "data.vocab=300", "base.model.vocab_size=300",
+              "study.only=[adaponder-paper]", "study.repeat_seed=null", "base.train.tokens=8192",
+              "base.checkpoint.every=4", "eval.max_tokens_per_doc=256", *extra):
+        args += ["--set", s]
+    if start:  # its own process group: the kill takes the study and its training child together
+        return subprocess.Popen([sys.executable, *map(str, args)], env=m.env, cwd=root, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    return m.run(*args, cwd=root)
+
+
+def case_notice_study_killed_arm(m: Matrix) -> tuple[str, str]:
+    """A study SIGKILLed (with its training child) once the arm's step-4 checkpoint exists, then run again."""
+    import signal
+
+    root = m.work / "notice-study"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    ck = root / "runs" / "adaponder-paper-s1234" / "checkpoints"
+    proc = _notice_study(m, root, start=True)
+    t0 = time.time()
+    while not (ck / "step00000004" / "trainer_state.json").is_file() and proc.poll() is None \
+            and time.time() - t0 < m.timeout:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        return "unclear", f"the study ended (exit {proc.returncode}) before its first checkpoint"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    steps = sorted(int(p.name[4:]) for p in ck.glob("step*") if (p / "trainer_state.json").is_file())
+    if (root / "results" / "adaponder-paper-s1234.json").is_file() or not steps:
+        return "unclear", f"the arm finished before the kill, or left no checkpoint ({steps})"
+    p = _notice_study(m, root)
+    if p.rc != 0:
+        return refusal(p)
+    said = f"resumed from step {steps[-1]} of 16"
+    if said not in p.out or "started from step 0" in p.out:
+        line = next((ln for ln in p.out.splitlines() if ln.startswith("== training")), "no training line")
+        return "silent", f"killed with checkpoints at steps {steps}; the rerun said {line[:200]!r}"
+    if not (root / "results" / "adaponder-paper-s1234.json").is_file():
+        return "data loss", "the rerun wrote no result"
+    return "recovered", f"killed with checkpoints at steps {steps}; the rerun: {said}, the result written"
+
+
+def case_notice_study_eval_edit(m: Matrix) -> tuple[str, str]:
+    """The study's eval section edited (a τ added to the dial) after the arm's result was written."""
+    root = m.work / "notice-study"
+    result = root / "results" / "adaponder-paper-s1234.json"
+    if not result.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        first = _notice_study(m, root)
+        if first.rc != 0:
+            return refusal(first)
+    p = _notice_study(m, root, "eval.taus=[1.0e-4, 0.05, 0.1, 0.3]")
+    if p.rc != 0:
+        return refusal(p)
+    taus = [row["tau"] for row in json.loads(result.read_text()).get("tau_dial", [])]
+    if "re-evaluating adaponder-paper-s1234" not in p.out or "eval.taus:" not in p.out or taus != [1e-4, 0.05, 0.1, 0.3]:
+        return "silent", f"the rerun's dial {taus}; said re-evaluating: {'re-evaluating' in p.out}"
+    if "== training" in p.out:
+        return "unclear", "the arm was trained again for an evaluation change"
+    return "recovered", f"re-evaluated, saying so; the dial now {taus}"
+
+
 CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [
     ("lock-two-runs", "two jobs on one output folder", case_lock_two_runs),
     ("lock-two-prepares", "two jobs on one output folder", case_lock_two_prepares),
@@ -761,6 +1065,26 @@ CASES: list[tuple[str, str, Callable[[Matrix], tuple[str, str]]]] = [
     ("edge-glue-preset-name", "edges: unclear", case_edge_glue_preset_name),
     ("edge-out-dir-is-a-file", "edges: unclear", case_edge_out_dir_is_a_file),
     ("edge-list-does-not-parse", "edges: unclear", case_edge_list_does_not_parse),
+    ("door-dial-local-checkpoint", "door: regression", case_door_dial_local_checkpoint),
+    ("door-rotation-kill", "door: half checkpoint", case_door_rotation_kill),
+    ("door-ctrl-c-twice-while-saving", "door: tracebacks", case_door_ctrl_c_twice_while_saving),
+    ("door-ctrl-c-three-times-while-saving", "door: tracebacks", case_door_ctrl_c_three_times_while_saving),
+    ("door-eval-limit-negative", "door: tracebacks", case_door_eval_limit_negative),
+    ("door-perplexity-passes-beyond-k", "door: tracebacks", case_door_perplexity_passes_beyond_k),
+    ("door-perplexity-target-beyond-k", "door: tracebacks", case_door_perplexity_target_beyond_k),
+    ("door-bench-size-unknown", "door: tracebacks", case_door_bench_size_unknown),
+    ("door-bench-checkpoint-missing", "door: tracebacks", case_door_bench_checkpoint_missing),
+    ("door-reasoning-max-hops-0", "door: tracebacks", case_door_reasoning_max_hops_0),
+    ("door-build-lock-timeout", "door: tracebacks", case_door_build_lock_timeout),
+    ("door-perplexity-max-tokens-0", "door: silent", case_door_perplexity_max_tokens_0),
+    ("door-eval-empty-document", "door: silent", case_door_eval_empty_document),
+    ("door-reasoning-symbols-absurd", "door: silent", case_door_reasoning_symbols_absurd),
+    ("door-flops-dict", "door: silent", case_door_flops_dict),
+    ("notice-calibrate-foreign-tokenizer", "notice: silent", case_notice_calibrate_foreign_tokenizer),
+    ("notice-perplexity-foreign-tokenizer", "notice: silent", case_notice_perplexity_foreign_tokenizer),
+    ("notice-calibrate-ctrl-c", "notice: traceback", case_notice_calibrate_ctrl_c),
+    ("notice-study-killed-arm", "notice: silent", case_notice_study_killed_arm),
+    ("notice-study-eval-edit", "notice: silent", case_notice_study_eval_edit),
 ]
 
 

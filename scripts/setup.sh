@@ -24,5 +24,5 @@ echo "== setup: installing adaponder (editable) with transformers, DeepSpeed, lm
 # DeepSpeed compiles its CPU collectives on first use: once here, in this environment's own folder, instead of at
 # a run's start (seconds when already built)
 echo "== setup: building DeepSpeed's CPU collectives for $VENV (about a minute on a first run)"
-"$VENV/bin/python" -m adaponder.train.extensions
+"$VENV/bin/adaponder" build-extensions
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
+from adaponder.cli.eval_args import check_token_caps, checkpoint_folder, checkpoint_parser, documents_from_args
 from adaponder.data.tokenizer import as_tokenizer
 from adaponder.evaluation import dial, plots
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
@@ -33,9 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="write perplexity vs FLOPs here (PNG)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    check_token_caps(args)
     args.checkpoint = checkpoint_folder(args)
     taus = parse_taus(args.taus)  # (a bad list is named before the model loads)
-    model, tok = load_for_eval(args.checkpoint, args.passes, None, args.dtype, args.device)
+    # (keywords: a positional call broke silently when a parameter left load_for_eval's signature)
+    model, tok = load_for_eval(args.checkpoint, passes=args.passes, dtype=args.dtype, device=args.device)
     print(settings_of(model, args.checkpoint).banner())
     codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)

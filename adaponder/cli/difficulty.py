@@ -7,14 +7,13 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
+from adaponder.cli.eval_args import checkpoint_command, checkpoint_folder
 from adaponder.evaluation import difficulty
 from adaponder.evaluation.difficulty import evaluate_difficulty, format_tables
 from adaponder.evaluation.settings import load_for_eval
@@ -24,9 +23,8 @@ from adaponder.modeling.run_settings import RunSettings
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="adaponder-difficulty", description=description(difficulty.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_args(p, "an exported model folder (hf/ of a run)")
+    p = checkpoint_command("adaponder-difficulty", description(difficulty.__doc__, __doc__),
+                           "an exported model folder (hf/ of a run)")
     p.add_argument("--data", required=True, help="a labelled corpus folder (adaponder-reasoning-data)")
     p.add_argument("--split", default="val")
     p.add_argument("--batch-size", type=int, default=32)

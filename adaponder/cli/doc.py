@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 #: Opens the closing paragraph of a library module's docstring that names its command (not shown in ``--help``).
 POINTER = "\nCommand line: "
 
@@ -14,4 +16,17 @@ def description(library_doc: str | None, command_doc: str | None) -> str:
     return f"{body}\n\n{usage}" if body else usage
 
 
-__all__ = ["POINTER", "description"]
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` with every option's default after its help text (as ``ArgumentDefaultsHelpFormatter``), except where
+    the text states its default already or there is none to show (None, a flag's False, an empty list); descriptions
+    and epilogs as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default in ([], "", argparse.SUPPRESS)
+        if nothing or not action.option_strings or "default" in text.lower() or text == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+__all__ = ["DefaultsHelpFormatter", "POINTER", "description"]

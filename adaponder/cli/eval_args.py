@@ -16,12 +16,20 @@ from adaponder.hub import checkpoint_source
 def checkpoint_parser(prog: str, description: str, recurrence: bool = True) -> argparse.ArgumentParser:
     """The start every checkpoint-scoring command shares: the checkpoint, the held-out data options and (with
     ``recurrence``) the recurrence settings; the caller adds its own options after these."""
-    p = argparse.ArgumentParser(prog=prog, description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_args(p)
+    p = checkpoint_command(prog, description)
     add_data_args(p)
     if recurrence:
         add_recurrence_args(p)
+    return p
+
+
+def checkpoint_command(prog: str, description: str,
+                       what: str = "a saved AdaPonder checkpoint folder") -> argparse.ArgumentParser:
+    """The parser of a command on one checkpoint: ``description`` kept as written, then the checkpoint
+    (:func:`add_checkpoint_args`, ``what`` describing it); the caller adds its own options after it."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint_args(p, what)
     return p
 
 
@@ -85,6 +93,37 @@ def documents_from_args(args: argparse.Namespace, tokenizer) -> list[Document]:
                     getattr(args, "packing", "documents"), args.window)
 
 
+def check_token_caps(args: argparse.Namespace) -> None:
+    """:class:`UsageError` for a ``--max-tokens`` / ``--max-tokens-per-doc`` below 1: a cap of 0 scored everything,
+    as if no cap were given (leaving the option out is how to score everything)."""
+    for flag in ("max_tokens", "max_tokens_per_doc"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} {value}: expected a number of tokens >= 1 (leave the option "
+                             "out to score everything)")
+
+
+def check_recurrence_args(args: argparse.Namespace, config) -> None:
+    """:class:`UsageError` for a ``--passes`` the checkpoint (its ``config``) cannot run (below 1; beyond the K a
+    gated model has gates for; other than 1 for a vanilla one; the rule of
+    :func:`~adaponder.evaluation.settings.recurrence_overrides`) and a ``--target-mean-exit`` outside ``[1, passes in
+    use]`` (no exit pass lies beyond the last pass), named before the weights are loaded."""
+    K = config.num_passes
+    passes = args.passes if args.passes is not None else K
+    if args.passes is not None:
+        if config.mode == "vanilla" and passes != 1:
+            raise UsageError(f"--passes {passes}: a vanilla (one-pass) checkpoint runs exactly one pass")
+        top = K if config.mode == "adaponder" else None
+        if passes < 1 or (top is not None and passes > top):
+            raise UsageError(f"--passes {passes}: " + (f"the checkpoint has gates for K = {top} passes (the K it was "
+                                                      f"trained with); expected 1 <= --passes <= {top}" if top
+                                                      else "expected at least 1"))
+    target = getattr(args, "target_mean_exit", None)
+    if target is not None and not 1 <= target <= passes:
+        raise UsageError(f"--target-mean-exit {target:g}: a mean exit pass lies between 1 and the passes run "
+                         f"({passes} here); expected 1 <= --target-mean-exit <= {passes}")
+
+
 def check_window_args(args: argparse.Namespace, context: int, note: str | None = None) -> None:
     """:class:`UsageError` for ``--window`` / ``--stride`` values that cannot work: a window below 1 or beyond the
     checkpoint's ``context`` in tokens (``note`` says where it comes from, default ``max_position_embeddings``),
@@ -97,5 +136,5 @@ def check_window_args(args: argparse.Namespace, context: int, note: str | None =
         raise UsageError(f"--stride {args.stride}: expected 1 <= stride <= window ({window})")
 
 
-__all__ = ["add_checkpoint_args", "add_data_args", "add_recurrence_args", "checkpoint_folder", "check_window_args",
-           "documents_from_args"]
+__all__ = ["add_checkpoint_args", "add_data_args", "add_recurrence_args", "checkpoint_command", "checkpoint_folder",
+           "check_recurrence_args", "check_token_caps", "check_window_args", "documents_from_args"]

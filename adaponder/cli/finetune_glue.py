@@ -37,13 +37,39 @@ import os
 import sys
 from pathlib import Path
 
+from adaponder.cli.doc import DefaultsHelpFormatter
 from adaponder.cli.errors import UsageError, add_debug_help, cli_main
 from adaponder.resources import find_config, repo_root
 
 
+def recipe_defaults() -> str:
+    """The ``--help`` epilog: every value of the shipped recipe (``configs/glue/base.yaml``, which every task preset
+    extends) as ``key=value``, the defaults ``--set`` changes; read as YAML only, so ``--help`` stays quick."""
+    import textwrap
+
+    import yaml
+
+    path = find_config("base", "glue")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        return f"the recipe's defaults: {path} (cannot be read here: {err})"
+
+    def flat(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}={json.dumps(value)}"
+
+    body = textwrap.fill(", ".join(flat(raw)), width=110, break_on_hyphens=False)
+    return (f"config values and their defaults in the recipe every task preset extends ({path}); --set KEY=VALUE "
+            f"changes one:\n{body}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=recipe_defaults(),
+                                 formatter_class=DefaultsHelpFormatter)
     ap.add_argument("--config", required=True,
                     help="a file, or a shipped preset's name: a task (rte, sst2, ...) or base (the recipe; with --task)")
     ap.add_argument("--task", default=None, metavar="NAME",

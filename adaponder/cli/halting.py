@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import checkpoint_folder, checkpoint_parser, documents_from_args
+from adaponder.cli.eval_args import check_token_caps, checkpoint_folder, checkpoint_parser, documents_from_args
 from adaponder.data.tokenizer import as_tokenizer
 from adaponder.evaluation import halting, plots
 from adaponder.evaluation.halting import nll_by_exit_pass
@@ -31,14 +31,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.exit_rule != "learned":
         p.error("the halting analysis describes the learned policy; use --exit-rule learned")
+    check_token_caps(args)
     args.checkpoint = checkpoint_folder(args)
-    model, tok = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
+    model, tok = load_for_eval(args.checkpoint, passes=args.passes, dtype=args.dtype, device=args.device)
     settings = settings_of(model, args.checkpoint, tau=args.tau)
     print(settings.banner())
     codec = as_tokenizer(tok)
     docs = documents_from_args(args, tok)
-    scores = score_documents(model, docs, args.window, args.stride, args.batch_size, eod_id=codec.eod_id,
-                             pad_id=codec.pad_id, progress=True, settings=settings.run_settings(model))
+    scores = score_documents(model, docs, window=args.window, stride=args.stride, batch_size=args.batch_size,
+                             eod_id=codec.eod_id, pad_id=codec.pad_id, progress=True,
+                             settings=settings.run_settings(model))
     write_token_dump(scores, tok, args.dump, docs)
     print(f"per-token dump: {args.dump} ({len(scores)} tokens)")
     print("| exit pass | tokens | fraction | mean NLL | perplexity |\n|---:|---:|---:|---:|---:|")

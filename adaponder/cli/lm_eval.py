@@ -9,6 +9,9 @@ Any ``lm_eval`` / ``lm-eval run`` arguments work. Conveniences on top:
   histogram, FLOPs per token and × one pass) are printed; they are also in the results JSON under
   ``config.adaponder``;
 * ``--help`` lists these arguments and defaults first, then lm-eval's options (:mod:`adaponder.cli.lm_eval_help`);
+* ``--tasks-path`` alone prints the task folder, for unmodified lm-eval:
+  ``lm_eval --model hf ... --include_path "$(adaponder eval --tasks-path)"``;
+* git's ``fatal: not a git repository`` (lm-eval records the working folder's commit) is kept off the console;
 * a checkpoint folder that does not exist is one ``error:`` line (exit code 2), as is any user error
   (:mod:`adaponder.cli.errors`; ``--debug`` shows the traceback).
 
@@ -22,16 +25,26 @@ Examples::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from adaponder.cli.errors import EXIT_NONFINITE, UsageError, cli_main, require_checkpoint
 from adaponder.cli.lm_eval_help import format_help
 from adaponder.resources import task_dir
+
+
+#: ``adaponder eval --tasks-path`` prints the task folder and exits (what unmodified ``lm_eval`` needs as its
+#: ``--include_path``, wherever adaponder is installed).
+TASKS_PATH_FLAG = "--tasks-path"
 
 
 def default_task_path() -> Path | None:
@@ -116,6 +129,13 @@ def _wants_help(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     raw = list(sys.argv[1:] if argv is None else argv)
+    if raw == [TASKS_PATH_FLAG]:  # for unmodified lm_eval: --include_path "$(adaponder eval --tasks-path)"
+        tasks = default_task_path()
+        if tasks is None:
+            raise UsageError("the adaponder_* lm-eval tasks are not installed with this adaponder (no eval/tasks in "
+                             "the checkout, no adaponder/_resources/eval_tasks in the package)")
+        print(tasks)
+        return 0
     if _wants_help(raw):
         tasks = default_task_path()
         print(format_help(None if tasks is None else str(tasks)))
@@ -141,13 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed = parser.parse_args()
     finally:
         sys.argv = saved
+    check_limit(getattr(parsed, "limit", None))
     check_task_names(getattr(parsed, "tasks", None), getattr(parsed, "include_path", None))
-    if not in_git_work_tree(Path.cwd()):
-        # lm-eval runs `git describe` in the working folder for its results' git_hash, and git's complaint reaches
-        # the console; said once here so that it is not taken for a failure
-        print("note: lm-eval records the git commit of the working folder; outside a git repository git prints "
-              "'fatal: not a git repository' below, which is harmless", file=sys.stderr, flush=True)
-    parser.execute(parsed)
+    with quiet_git():
+        parser.execute(parsed)
     for lm in AdaPonderLM.instances:
         print(lm.settings.banner())
         print("[adaponder] realised compute")
@@ -156,9 +173,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _nonfinite_exit(AdaPonderLM.instances)
 
 
-def in_git_work_tree(folder: Path) -> bool:
-    """Whether ``folder`` or a folder above it holds ``.git`` (where ``git describe`` has a repository)."""
-    return any((p / ".git").exists() for p in (folder.resolve(), *folder.resolve().parents))
+@contextlib.contextmanager
+def quiet_git():
+    """The block runs with a ``git`` first on ``PATH`` that is the real one with its stderr discarded.
+
+    lm-eval records ``git describe --always`` of the working folder in its results (falling back to reading
+    ``.git`` itself when git fails); outside a repository git's ``fatal: not a git repository`` reaches the console
+    and reads as a failure of the run. The hash recorded is unchanged (the same git answers on stdout). Where no
+    git is installed (lm-eval's fallback is then quiet already) or the wrapper cannot run, nothing is changed."""
+    real = shutil.which("git")
+    if real is None or os.name != "posix":
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="adaponder-git-")
+    wrapper = Path(folder) / "git"
+    saved = os.environ.get("PATH")
+    try:
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(real)} "$@" 2>/dev/null\n', encoding="utf-8")
+        wrapper.chmod(0o755)
+        try:  # a temporary folder mounted noexec: leave git as it is
+            usable = subprocess.run([str(wrapper), "--version"], capture_output=True, timeout=30).returncode == 0
+        except OSError:
+            usable = False
+        if usable:
+            os.environ["PATH"] = folder + (os.pathsep + saved if saved else "")
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_limit(limit: float | None) -> None:
+    """``--limit`` must be a count of examples >= 1 or a fraction in (0, 1): lm-eval reads 0 as no limit (every
+    example) and fails on a negative one deep in its task code."""
+    if limit is not None and not limit > 0:
+        raise UsageError(f"--limit {limit:g}: expected a number of examples per task >= 1, or a fraction in (0, 1) of "
+                         "each task (leave it out for every example)")
 
 
 def check_task_names(tasks, include_path) -> None:

@@ -50,6 +50,9 @@ def own_parser(task_dir: str | None) -> argparse.ArgumentParser:
     g.add_argument("--include_path", default=task_dir,
                    help="lm-eval task folder (default: the adaponder_* tasks shipped with adaponder, "
                         f"{task_dir or 'not found'}); their data come from $ADAPONDER_EVAL_DATA")
+    g.add_argument("--tasks-path", action="store_true",
+                   help="print the folder of the adaponder_* tasks and exit: unmodified lm-eval runs them with "
+                        '--include_path "$(adaponder eval --tasks-path)"')
     add_debug_help(g)
     return p
 

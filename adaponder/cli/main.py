@@ -63,6 +63,8 @@ COMMANDS: tuple[Command, ...] = (
             "adaponder-report"),
     Command("study", "study", "the evidence study: train and evaluate every arm, write the report (--config reasoning)",
             "adaponder-study"),
+    Command("build-extensions", "build_extensions",
+            "build DeepSpeed's CPU collectives once for this environment (set-up does it)"),
     Command("bench", "bench", "the benchmarks of eval/bench_*.py (a source checkout): bench NAME [ARGS]"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}

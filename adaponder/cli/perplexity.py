@@ -16,7 +16,8 @@ from pathlib import Path
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import EXIT_NONFINITE, UsageError, add_debug_help, cli_main, require_checkpoint
-from adaponder.cli.eval_args import check_window_args, checkpoint_parser, documents_from_args
+from adaponder.cli.eval_args import (check_recurrence_args, check_token_caps, check_window_args, checkpoint_parser,
+                                     documents_from_args)
 from adaponder.data.tokenizer import as_tokenizer
 from adaponder.evaluation import perplexity
 from adaponder.evaluation.accounting import ONE_PASS_BASELINE
@@ -36,20 +37,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the summary as JSON here")
     add_debug_help(p)
     args = p.parse_args(argv)
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        args.max_tokens = None
+    check_token_caps(args)
     # Arguments and data that cannot work fail here, in one line, before the weights are loaded.
     args.checkpoint = str(require_checkpoint(args.checkpoint, revision=args.revision))
     for src in args.data:
         if not Path(src).exists():
             raise UsageError(f"--data {src}: no such file or folder")
     config = AdaPonderConfig.from_pretrained(args.checkpoint)
+    check_recurrence_args(args, config)
     check_window_args(args, context_tokens(config), context_note(config))  # pause mode: fewer tokens
     tok = load_tokenizer_for(args.checkpoint)
     docs = documents_from_args(args, tok)
     check_vocab(docs, config.vocab_size)
 
-    model, _ = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
+    model, _ = load_for_eval(args.checkpoint, passes=args.passes, dtype=args.dtype, device=args.device)
     codec = as_tokenizer(tok)
     kw = dict(window=args.window, stride=args.stride, batch_size=args.batch_size, eod_id=codec.eod_id,
               pad_id=codec.pad_id, progress=True)
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.exit_rule in FIXED_RULES and target is None:
         target = float(score_documents(model, docs, settings=learned.run_settings(), **kw).exit_pass.mean())
         print(f"[adaponder] learned policy's mean exit pass on this data: {target:.4f} (fixed-pruning target)")
-    settings = settings_of(model, args.checkpoint, args.exit_rule, target, args.seed, tau=args.tau, q=args.q,
+    settings = settings_of(model, args.checkpoint, exit_rule=args.exit_rule, target_mean_exit=target,
+                           pruning_seed=args.seed, tau=args.tau, q=args.q,
                            consistency_threshold=args.consistency_threshold)
     print(settings.banner())
     scores = score_documents(model, docs, settings=settings.run_settings(model), **kw)

@@ -23,7 +23,8 @@ import torch
 
 from adaponder.cli.doc import description
 from adaponder.cli.errors import cli_main
-from adaponder.cli.eval_args import add_checkpoint_args, add_data_args, checkpoint_folder
+from adaponder.cli.eval_args import add_data_args, checkpoint_command, checkpoint_folder
+from adaponder.cli.lm_eval import check_limit
 from adaponder.evaluation import plots, report
 from adaponder.evaluation.dial import DEFAULT_TAUS, parse_taus, sweep_tau
 from adaponder.evaluation.halting import hardest_tokens, nll_by_exit_pass
@@ -38,9 +39,8 @@ from adaponder.evaluation.token_dump import write_token_dump
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="adaponder-report", description=description(report.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_args(p, "a saved AdaPonder checkpoint folder (with its tokenizer)")
+    p = checkpoint_command("adaponder-report", description(report.__doc__, __doc__),
+                           "a saved AdaPonder checkpoint folder (with its tokenizer)")
     p.add_argument("--out", required=True, help="output folder")
     add_data_args(p, required=False, default_data=f"${HELDOUT_ENV}, e.g. WikiText-2's wiki.test.tokens",
                   default_max_tokens=DEFAULT_MAX_TOKENS)
@@ -119,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.taus:
         parse_taus(args.taus)  # a bad list is named before anything loads
+    if not args.no_lm_eval:
+        check_limit(args.limit)  # (lm-eval reads 0 as every document)
     if args.max_tokens is None:  # sixteen re-scorings (iso-FLOPs, τ dial) of a whole corpus take hours on a CPU
         args.max_tokens = DEFAULT_MAX_TOKENS
     elif args.max_tokens <= 0:
@@ -133,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks, tm = _checked_tasks(args)
 
     args.checkpoint = checkpoint_folder(args)
-    model, tok = load_for_eval(args.checkpoint, args.passes, dtype=args.dtype, device=args.device)
+    model, tok = load_for_eval(args.checkpoint, passes=args.passes, dtype=args.dtype, device=args.device)
     settings = settings_of(model, args.checkpoint, tau=args.tau)
     print(settings.banner(), flush=True)
     (out / "settings.json").write_text(json.dumps(settings.as_dict(), indent=2))

@@ -13,7 +13,9 @@ and write the report (docs/study.md + PNGs).
 trains in a ``python -m adaponder.cli.pretrain`` child process.
 
 Resumable: every finished arm is stored as one JSON in the results folder and never retrained; an interrupted
-arm continues from its last checkpoint (--resume auto). Exit codes: 0 done, 2 configuration error, 1 a run failed.
+arm continues from its last checkpoint (--resume auto). A rerun says of each arm whether it was done earlier, resumed
+(from which step) or started, and why a stored result no longer stands: an edited eval section re-evaluates the arms
+it touches, a changed training section retrains. Exit codes: 0 done, 2 configuration error, 1 a run failed.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def main(argv=None) -> int:
                    help="raw text inputs (files/folders/globs; 'bundled' = the shipped corpus); default: the config's")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a study-file value, e.g. base.train.tokens=8192 (repeatable)")
-    p.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
-    p.add_argument("--train-only", action="store_true",
-                   help="train every run not trained yet and stop (no evaluation, no report): a later run "
-                        "evaluates the checkpoints without training them again")
+    only = p.add_mutually_exclusive_group()  # (each is the other's opposite: argparse names the conflict)
+    only.add_argument("--report-only", action="store_true", help="only rewrite the report from stored results")
+    only.add_argument("--train-only", action="store_true",
+                      help="train every run not trained yet and stop (no evaluation, no report): a later run "
+                           "evaluates the checkpoints without training them again")
     p.add_argument("--refresh-training", action="store_true",
                    help="re-read the training summaries (curves, gate statistics) of finished arms from their run "
                         "folders into the stored results; nothing is retrained or re-evaluated")

@@ -21,9 +21,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from adaponder.cli.doc import description
+from adaponder.cli.doc import DefaultsHelpFormatter, description
 from adaponder.cli.errors import UsageError, cli_main
-from adaponder.cli.eval_args import add_checkpoint_args, checkpoint_folder
+from adaponder.cli.eval_args import checkpoint_command, checkpoint_folder
 from adaponder.train import draft_head
 
 
@@ -33,18 +33,16 @@ PROMPT, NEW = 64, 64
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="adaponder train-draft", description=description(draft_head.__doc__, __doc__),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_args(p, "a looped (ponderlm, loop or adaponder) checkpoint folder")
+    p = checkpoint_command("adaponder train-draft", description(draft_head.__doc__, __doc__),
+                           "a looped (ponderlm, loop or adaponder) checkpoint folder")
+    p.formatter_class = DefaultsHelpFormatter
     p.add_argument("--data", required=True, help="a prepared data folder (its train split trains the head)")
     p.add_argument("--out", required=True, help="the folder to write the checkpoint with its draft head to")
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=1500, help="training steps")
     p.add_argument("--window", type=int, default=256, help="tokens per window")
     p.add_argument("--batch", type=int, default=2, help="windows per step")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate, cosine-decayed to a tenth")
+    p.add_argument("--seed", type=int, default=0, help="seed of the window order and the greedy prompts")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--redraft", action="store_true", help="also a re-draft head on pass K−1 (pipelined decoding)")
     p.add_argument("--early-redraft", action="store_true",
@@ -67,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ckpt = checkpoint_folder(args)
     import torch
 
+    from adaponder.data.fingerprint import check_corpus_tokenizer
     from adaponder.data.layout import split_stream
-    from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+    from adaponder.evaluation.settings import load_tokenizer_for
+    from adaponder.modeling import AdaPonderConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,9 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--early-redraft adds re-draft heads before pass K−1's: give --redraft too")
     if args.early_redraft and config.num_passes < 4:
         raise UsageError(f"--early-redraft: {ckpt} has K = {config.num_passes} passes; passes 2..K−2 are none")
+    # the head learns the model's distribution over the data's ids: data of another tokenizer teaches it nothing
+    check_corpus_tokenizer(data, load_tokenizer_for(ckpt))
     heads = dict(draft_head=True, **({"redraft_head": True} if args.redraft else {}),
                  **({"early_redraft_heads": True} if args.early_redraft else {}))
-    model = AdaPonderForCausalLM.from_pretrained(ckpt, **heads).eval()
+    model = with_new_heads(ckpt, heads)
     train, val = split_stream(data, "train"), split_stream(data, "val")
     if int(train.max()) >= config.vocab_size:
         raise UsageError(f"--data {data}: token ids up to {int(train.max())}, beyond the checkpoint's vocabulary "
@@ -116,6 +118,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                     default=str))
     print(f"written: {out}")
     return 0
+
+
+def with_new_heads(ckpt: str, heads: dict[str, bool]):
+    """The checkpoint's model with the draft heads ``heads`` added (in eval mode), every weight it saved as saved.
+
+    Loaded as it was saved first, so that transformers reports what this checkpoint lacks or holds beyond its own
+    configuration; then its weights go into a model built with the heads, whose only weights not in the checkpoint
+    must be theirs (the new heads start as the model initialises them; heads the checkpoint has keep their
+    weights). Loading with the heads straight away would report each new head as MISSING: what adding it means."""
+    from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+
+    saved = AdaPonderForCausalLM.from_pretrained(ckpt)
+    model = AdaPonderForCausalLM(AdaPonderConfig.from_pretrained(ckpt, **heads)).to(saved.dtype)
+    missing, unexpected = model.load_state_dict(saved.state_dict(), strict=False)
+    others = [k for k in missing if not k.startswith(("draft_head.", "redraft_head.", "early_redraft_heads."))]
+    if others or unexpected:  # the same class on the same config with heads: nothing else can differ
+        raise RuntimeError(f"{ckpt}: adding draft heads changed other weights (missing {others}, unexpected "
+                           f"{list(unexpected)})")
+    model.generation_config = saved.generation_config
+    return model.eval()
 
 
 def _agreement(figures: dict) -> str:

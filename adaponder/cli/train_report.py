@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 from adaponder.data.errors import DataError
+from adaponder.data.fingerprint import check_corpus_tokenizer
 from adaponder.data.loader import iter_eval_batches
+from adaponder.data.tokenizer import load_tokenizer
 from adaponder.modeling import AdaPonderForCausalLM
 from adaponder.train.report import compute_saved, console_report, evaluate_model, write_report
 
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.model}: cannot load it as an adaponder model ({reason})", file=sys.stderr)
         return 2
     try:
+        if (Path(args.model) / "tokenizer.json").is_file():  # the tokenizer it was exported with must be the data's
+            check_corpus_tokenizer(args.data, load_tokenizer(Path(args.model) / "tokenizer.json"))
         batches = iter_eval_batches(args.data, args.seq_len, args.micro_batch, vocab_size=model.config.vocab_size,
                                     max_batches=args.max_batches)
         summary = evaluate_model(model, batches)

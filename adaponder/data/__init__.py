@@ -19,18 +19,9 @@ from adaponder._lazy import lazy_getattr
 
 
 from .corpus import bundled_corpus_dir, bundled_corpus_files
-from .errors import (
-    CorpusTooSmallError,
-    DataError,
-    DecodingError,
-    EmptyInputError,
-    InputNotFoundError,
-    RecordError,
-    ShardError,
-    StateError,
-    TokenizerMismatchError,
-    VocabRangeError,
-)
+# the error classes are re-exported as errors.__all__ lists them, so that list is the only one
+from . import errors
+from .errors import *  # noqa: F401, F403
 
 _LAZY = {
     "Tokenizer": "tokenizer",
@@ -49,15 +40,6 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 __all__ = [
     "bundled_corpus_dir",
     "bundled_corpus_files",
-    "CorpusTooSmallError",
-    "DataError",
-    "DecodingError",
-    "EmptyInputError",
-    "InputNotFoundError",
-    "RecordError",
-    "ShardError",
-    "StateError",
-    "TokenizerMismatchError",
-    "VocabRangeError",
+    *errors.__all__,
     *_LAZY,
 ]

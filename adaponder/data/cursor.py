@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from .errors import CorpusTooSmallError, StateError
@@ -45,16 +46,19 @@ def first_batches(loader: Iterable[torch.Tensor], max_batches: int | None) -> It
 
 
 class EpochCursor:
-    """Mixin: ``self._epoch``, ``self._position``, ``self.infinite``, ``batches_per_epoch`` and ``state_dict()`` are
-    the loader's."""
+    """Mixin: the loader keeps its settings with :meth:`_take_settings`; ``self._epoch``, ``self._position``,
+    ``num_samples``, ``batches_per_epoch`` and ``state_dict()`` are its own."""
 
     _epoch: int
     _position: int
     infinite: bool
     seed: int
     seq_len: int
+    micro_batch_size: int
+    rank: int
     world_size: int
     shuffle: bool
+    drop_last: bool
     num_samples: int
 
     def __len__(self) -> int:
@@ -73,6 +77,25 @@ class EpochCursor:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
+
+    def _take_settings(self, seq_len: int, micro_batch_size: int, rank: int, world_size: int, seed: int,
+                       shuffle: bool, infinite: bool, drop_last: bool) -> None:
+        """Check (:meth:`_check_settings`) and keep the settings every loader takes."""
+        self._check_settings(seq_len, micro_batch_size, rank, world_size, seed)
+        self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.shuffle, self.infinite, self.drop_last = shuffle, infinite, drop_last
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """``0..num_samples-1`` in the order of ``epoch``: a permutation that depends only on ``(seed, epoch)``
+        when shuffling, else the stored order."""
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        # int32 halves the memory of the permutation for corpora under 2^31 samples.
+        dtype = np.int32 if self.num_samples < 2**31 else np.int64
+        order = np.arange(self.num_samples, dtype=dtype)
+        np.random.default_rng([self.seed, epoch]).shuffle(order)
+        return order
 
     @staticmethod
     def _check_sample_count(num_samples: int, world_size: int, source: str, what: str, holds: str = "") -> None:

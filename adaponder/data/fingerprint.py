@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import DataError
+from .errors import DataError, TokenizerMismatchError
 from .layout import read_meta, split_info, verify_shards
 from .tokenizer import as_tokenizer
 
@@ -104,6 +104,22 @@ def labels_fingerprint(labels_file: str | os.PathLike[str], shards: list[dict[st
     return h.hexdigest()[:16]
 
 
+def check_corpus_tokenizer(data_dir: str | os.PathLike[str], tokenizer: Any, meta: dict[str, Any] | None = None) -> None:
+    """A prepared folder read by an evaluation must hold the ids of ``tokenizer`` (the model's), as training checks
+    (:class:`~.loader.PackedLoader`): ids of another tokenizer score as text nobody wrote, and when they fit the
+    vocabulary nothing else notices. :class:`TokenizerMismatchError` names the folder and both tokenizers."""
+    meta = read_meta(data_dir) if meta is None else meta
+    tok = as_tokenizer(tokenizer)
+    recorded = meta.get("tokenizer_fingerprint")
+    if tok.fingerprint != recorded:
+        corpus_name = (meta.get("tokenizer") or {}).get("name", "unknown")
+        raise TokenizerMismatchError(
+            f"{data_dir}: the model's tokenizer ({tok.name!r}, fingerprint {tok.fingerprint[:16]}) is not the "
+            f"corpus's ({corpus_name!r}, fingerprint {str(recorded)[:16]}), which it was prepared with; evaluate a "
+            "model trained on this data (its checkpoint carries the tokenizer), or prepare the data again with the "
+            "model's tokenizer (adaponder prepare --tokenizer CHECKPOINT)")
+
+
 def check_labelled_corpus(data_dir: str | os.PathLike[str], split: str, tokenizer: Any = None) -> None:
     """Before a difficulty evaluation: the split's shards are those ``meta.json`` records, its labels are the
     ones written with them (the fingerprint stored at generation), and ``tokenizer`` (the model's) is the
@@ -111,11 +127,8 @@ def check_labelled_corpus(data_dir: str | os.PathLike[str], split: str, tokenize
     :class:`DataError` names what does not belong."""
     folder = Path(data_dir)
     meta = read_meta(folder)
-    used = as_tokenizer(tokenizer).fingerprint if tokenizer is not None else None
-    if tokenizer is not None and used != meta.get("tokenizer_fingerprint"):
-        raise DataError(f"{folder}: the model's tokenizer (fingerprint {used}) "
-                        f"is not the corpus's ({meta.get('tokenizer_fingerprint')}, {meta['tokenizer']['name']!r}); "
-                        "evaluate a model trained on this corpus, with the tokenizer saved beside it")
+    if tokenizer is not None:
+        check_corpus_tokenizer(folder, tokenizer, meta)
     info = split_info(meta, split, folder)
     verify_shards(folder, split)
     stored = info.get("labels_fingerprint")
@@ -136,5 +149,5 @@ def describe(identity: dict[str, Any] | None) -> str:
     return f"{identity.get('fingerprint')} ({where})"
 
 
-__all__ = ["check_labelled_corpus", "data_identity", "describe", "examples_fingerprint", "indexed_fingerprint",
-           "labels_fingerprint", "packed_fingerprint", "source_identity"]
+__all__ = ["check_corpus_tokenizer", "check_labelled_corpus", "data_identity", "describe", "examples_fingerprint",
+           "indexed_fingerprint", "labels_fingerprint", "packed_fingerprint", "source_identity"]

@@ -258,13 +258,11 @@ class IndexedLoader(EpochCursor):
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        self._check_settings(seq_len, micro_batch_size, rank, world_size, seed)
+        # only the documents order is shuffled
+        self._take_settings(seq_len, micro_batch_size, rank, world_size, seed, shuffle and order == "documents",
+                            infinite, drop_last)
         self.ds = IndexedDataset(prefix)
         self.prefix, self.order = self.ds.prefix, order
-        self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.shuffle = shuffle and order == "documents"
-        self.infinite, self.drop_last = infinite, drop_last
         self.vocab_size, self.eod_id = vocab_size, int(eod_id)
         self._check_vocab()
         if order == "sequences":
@@ -358,13 +356,7 @@ class IndexedLoader(EpochCursor):
         if self.order == "sequences":
             mine = self._sequence_indices(epoch)
         else:
-            if self.shuffle:
-                dtype = np.int32 if self.num_samples < 2**31 else np.int64
-                order = np.arange(self.num_samples, dtype=dtype)
-                np.random.default_rng([self.seed, epoch]).shuffle(order)
-            else:
-                order = np.arange(self.num_samples, dtype=np.int64)
-            mine = order[: self.samples_per_epoch][self.rank :: self.world_size].copy()
+            mine = self._epoch_order(epoch)[: self.samples_per_epoch][self.rank :: self.world_size].copy()
         self._order_cache = (epoch, mine)
         return mine
 

@@ -86,11 +86,9 @@ class PackedLoader(EpochCursor):
         drop_last: bool = False,
         verify_checksums: bool = False,
     ) -> None:
-        self._check_settings(seq_len, micro_batch_size, rank, world_size, seed)
+        self._take_settings(seq_len, micro_batch_size, rank, world_size, seed, shuffle, infinite, drop_last)
         self.data_dir = Path(data_dir)
-        self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.shuffle, self.infinite, self.drop_last = shuffle, infinite, drop_last
+        self.split = split
 
         self.meta = read_meta(self.data_dir)
         self._check_tokenizer(tokenizer_fingerprint)
@@ -142,13 +140,7 @@ class PackedLoader(EpochCursor):
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """All window indices of ``epoch`` in global stream order (the same on every rank)."""
         if epoch not in self._orders:
-            if self.shuffle:
-                # int32 halves the memory of the permutation for corpora under 2^31 windows.
-                dtype = np.int32 if self.num_samples < 2**31 else np.int64
-                order = np.arange(self.num_samples, dtype=dtype)
-                np.random.default_rng([self.seed, epoch]).shuffle(order)
-            else:
-                order = np.arange(self.num_samples, dtype=np.int64)
+            order = self._epoch_order(epoch)
             self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
             self._orders[epoch] = order
         return self._orders[epoch]

@@ -83,8 +83,15 @@ class MultiHopSpec:
             out.append(f"max_hops: {self.max_hops}, expected at least 1")
         if self.filler_symbols < 1:
             out.append(f"filler_symbols: {self.filler_symbols}, expected at least 1")
-        if self.queries < 1 or self.queries % self.max_hops:
+        if self.queries < 1 or (self.max_hops >= 1 and self.queries % self.max_hops):
             out.append(f"queries: {self.queries}, expected a positive multiple of max_hops ({self.max_hops})")
+        one_hop = self.train_docs * (self.queries // self.max_hops) if self.max_hops >= 1 else 0
+        if self.symbols >= 4 and self.train_docs >= 1 and 1 <= one_hop < self.symbols:
+            # f is learnable only from the one-hop queries of training: with more symbols than such queries most
+            # of f is never shown, and every query on those symbols is a guess
+            out.append(f"symbols: {self.symbols}, more than the training split's {one_hop} one-hop queries "
+                       f"(train_docs {self.train_docs} × queries / max_hops {self.queries // self.max_hops}): most "
+                       f"of f would never be shown; expected at most {one_hop} symbols, or more train_docs")
         if self.doc_tokens < QUERY_TOKENS * self.queries + 1:
             out.append(f"doc_tokens: {self.doc_tokens}, expected at least {QUERY_TOKENS * self.queries + 1} "
                        f"({self.queries} queries of {QUERY_TOKENS} tokens + end of document)")

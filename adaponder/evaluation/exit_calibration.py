@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from adaponder.jsonio import write_json_atomic
 from adaponder.modeling.exit_rules import ConsistencyExit, NoHalting
@@ -106,8 +107,9 @@ def windows_of(docs, window: int, eod_id: int) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def disagreement_curves(model, windows: Sequence[torch.Tensor], thresholds: Sequence[float],
-                        batch_size: int = 16) -> Curves:
-    """Run every window with every threshold's consistency exit and with all K passes (see the module doc)."""
+                        batch_size: int = 16, progress: str | None = None) -> Curves:
+    """Run every window with every threshold's consistency exit and with all K passes (see the module doc).
+    ``progress``: a label for a progress bar (on stderr) counting the windows done; None shows none."""
     heads = model.consistency_heads
     if heads is None:
         raise ValueError("calibrating the consistency exit needs a model with consistency heads "
@@ -118,16 +120,22 @@ def disagreement_curves(model, windows: Sequence[torch.Tensor], thresholds: Sequ
     risks = np.zeros((len(windows), len(thresholds)))
     exit_sum = np.zeros(len(thresholds))
     tokens = 0
-    for idx in by_length.values():
-        for s in range(0, len(idx), batch_size):
-            rows = idx[s:s + batch_size]
-            ids = torch.stack([windows[i] for i in rows]).to(model.device)
-            full = model(input_ids=ids, use_cache=False, settings=RunSettings(exit_rule=NoHalting())).logits.argmax(-1)
-            tokens += ids.numel()
-            for j, t in enumerate(thresholds):
-                out = model(input_ids=ids, use_cache=False, settings=RunSettings(exit_rule=ConsistencyExit(t, heads)))
-                risks[rows, j] = (out.logits.argmax(-1) != full).double().mean(1).cpu().numpy()
-                exit_sum[j] += float(out.exit_pass.double().sum())
+    # each batch costs 1 + len(thresholds) forwards: the bar moves by windows, which its total counts
+    with tqdm(total=len(windows), desc=progress, unit="window", disable=progress is None, leave=False,
+              dynamic_ncols=True) as bar:
+        for idx in by_length.values():
+            for s in range(0, len(idx), batch_size):
+                rows = idx[s:s + batch_size]
+                ids = torch.stack([windows[i] for i in rows]).to(model.device)
+                full = model(input_ids=ids, use_cache=False,
+                             settings=RunSettings(exit_rule=NoHalting())).logits.argmax(-1)
+                tokens += ids.numel()
+                for j, t in enumerate(thresholds):
+                    out = model(input_ids=ids, use_cache=False,
+                                settings=RunSettings(exit_rule=ConsistencyExit(t, heads)))
+                    risks[rows, j] = (out.logits.argmax(-1) != full).double().mean(1).cpu().numpy()
+                    exit_sum[j] += float(out.exit_pass.double().sum())
+                bar.update(len(rows))
     return Curves(list(map(float, thresholds)), risks, (exit_sum / max(tokens, 1)).tolist(), tokens)
 
 
@@ -158,11 +166,12 @@ class Calibration:
 
 def calibrate(model, wins: Sequence[torch.Tensor], delta: float, confidence: float = 0.95, window: int = 64,
               thresholds: Sequence[float] = DEFAULT_THRESHOLDS, batch_size: int = 16, split: str = "dev",
-              test_windows: Sequence[torch.Tensor] | None = None) -> Calibration:
+              test_windows: Sequence[torch.Tensor] | None = None, progress: bool = False) -> Calibration:
     """The consistency exit's threshold for tolerance ``delta`` at ``confidence`` (= 1 − ε) on the input windows
     ``wins`` (:func:`windows_of`); with ``test_windows``, the chosen threshold's disagreement and mean exit pass
-    measured on them too."""
-    curves = disagreement_curves(model, wins, thresholds, batch_size)
+    measured on them too. ``progress`` shows a progress bar per stage on stderr."""
+    curves = disagreement_curves(model, wins, thresholds, batch_size,
+                                 progress=f"calibrating ({len(thresholds)} thresholds)" if progress else None)
     t, j = choose_threshold(curves.risks, thresholds, delta, 1.0 - confidence)
     K = int(model.config.num_passes)
     curve = [{"threshold": th, "disagreement": float(curves.risks[:, i].mean()), "mean_exit": curves.mean_exit[i],
@@ -173,7 +182,7 @@ def calibrate(model, wins: Sequence[torch.Tensor], delta: float, confidence: flo
                       calibration_disagreement=0.0 if j is None else curve[j]["disagreement"],
                       calibration_mean_exit=float(K) if j is None else curve[j]["mean_exit"], passes=K, curve=curve)
     if test_windows is not None:
-        test = disagreement_curves(model, test_windows, [t], batch_size)
+        test = disagreement_curves(model, test_windows, [t], batch_size, progress="testing" if progress else None)
         cal.test = {"windows": int(test.risks.shape[0]), "tokens": test.tokens,
                     "disagreement": float(test.risks[:, 0].mean()), "mean_exit": test.mean_exit[0],
                     "passes_saved": 1.0 - test.mean_exit[0] / K}

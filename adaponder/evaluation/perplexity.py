@@ -11,7 +11,8 @@ with its prefix token). Long documents are cut into windows of ``window`` inputs
 * bits per byte = total NLL / ln 2 / UTF-8 bytes of the scored text.
 
 Inputs: text files (``.gz`` too) or folders of them (one file = one document), or a folder written by
-``adaponder-prepare`` (its ``val`` split, one document per recorded document, the trailing EOD not scored).
+``adaponder-prepare`` (its ``val`` split, one document per recorded document, the trailing EOD not scored), which
+must have been prepared with the model's tokenizer (checked here, for every command that reads one).
 
 ``--packing stream`` scores a prepared split the way training-time validation does instead
 (:mod:`adaponder.data.loader`): the split is one token stream, documents packed back to back, cut into samples
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from adaponder.data.errors import EmptyInputError, VocabRangeError
+from adaponder.data.fingerprint import check_corpus_tokenizer
 from adaponder.data.layout import split_documents, split_stream
 from adaponder.data.tokenizer import Tokenizer, as_tokenizer
 from adaponder.errors import UsageError
@@ -111,6 +113,7 @@ def load_stream(path: str | os.PathLike, tokenizer, window: int, max_tokens: int
         raise UsageError(f"{path}: --packing stream needs a folder written by adaponder-prepare (with meta.json)")
     if window < 1:
         raise UsageError(f"--packing stream needs a window >= 1, got {window}")
+    check_corpus_tokenizer(path, tokenizer)
     stream = split_stream(path, split)
     samples = (len(stream) - 1) // window if len(stream) > window else 0
     if max_tokens is not None:
@@ -149,6 +152,7 @@ def load_documents(sources: str | os.PathLike | Sequence[str | os.PathLike], tok
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
         if path.is_dir() and (path / "meta.json").is_file():
+            check_corpus_tokenizer(path, codec)
             items = ((f"{path.name}/{split}#{i}", ids, None) for i, ids in enumerate(split_documents(path, split)))
         else:
             items = ((str(f), None, f) for f in _text_files(path))

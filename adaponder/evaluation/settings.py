@@ -132,12 +132,20 @@ def recurrence_overrides(checkpoint: str | os.PathLike, passes: int | None = Non
     if passes is not None:
         cfg = AdaPonderConfig.from_pretrained(os.fspath(checkpoint))
         passes = int(passes)
+        # (UsageError, a ValueError: every command shows these as one line naming passes, not a traceback)
         if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
+            raise UsageError(f"passes must be >= 1, got {passes}")
         if cfg.mode == "vanilla" and passes != 1:
-            raise ValueError("a vanilla (one-pass) checkpoint runs exactly one pass")
+            raise UsageError(f"passes={passes}: a vanilla (one-pass) checkpoint runs exactly one pass")
         if cfg.mode == "adaponder" and passes > cfg.num_passes:
-            raise ValueError(f"this checkpoint has gates for {cfg.num_passes} passes; passes={passes} exceeds it")
+            raise UsageError(f"this checkpoint has gates for {cfg.num_passes} passes; passes={passes} exceeds it (the "
+                             f"K it was trained with); expected 1 <= passes <= {cfg.num_passes}")
+        # heads with one row per pass (A21-A24) are shaped by the trained K: a model of fewer passes cannot load them
+        sized = [name for name in ("halting_heads", "consistency_heads", "early_redraft_heads")
+                 if getattr(cfg, name, False)]
+        if sized and passes < cfg.num_passes:
+            raise UsageError(f"passes={passes}: this checkpoint's {' and '.join(sized)} hold one head per pass of the "
+                             f"K={cfg.num_passes} it was trained with; run it at passes={cfg.num_passes}")
         values["passes"] = passes
     return values
 
@@ -205,7 +213,8 @@ def load_tokenizer_for(checkpoint: str | os.PathLike, revision: str | None = Non
         return AutoTokenizer.from_pretrained(path)
     tok = load_tokenizer()
     return PreTrainedTokenizerFast(tokenizer_object=tok._backend, eos_token="<|endoftext|>",
-                                   bos_token="<|endoftext|>", pad_token="<|padding|>")
+                                   bos_token="<|endoftext|>", pad_token="<|padding|>",
+                                   name_or_path=tok.name)  # named in messages, e.g. a corpus of another tokenizer
 
 
 def load_for_eval(checkpoint: str | os.PathLike, passes: int | None = None,

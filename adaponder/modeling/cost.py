@@ -8,6 +8,32 @@ from __future__ import annotations
 import torch
 
 
+def _exit_passes(exit_pass, K: int) -> torch.Tensor:
+    """``exit_pass`` as a flat float tensor on the CPU, after checking that it holds exit passes: whole numbers in
+    ``[1, K]``. Anything else (a dict, a histogram, a share such as 0.5) would otherwise be averaged into a cost
+    without a word."""
+    if isinstance(exit_pass, (dict, str, bytes, set)) or not (
+            isinstance(exit_pass, (torch.Tensor, list, tuple)) or hasattr(exit_pass, "__array__")):
+        raise TypeError(f"exit_pass: expected a tensor of per-token exit passes (whole numbers 1..{K}), got "
+                        f"{type(exit_pass).__name__}")
+    try:
+        D = torch.as_tensor(exit_pass).detach().reshape(-1).cpu()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"exit_pass: expected a tensor of per-token exit passes (whole numbers 1..{K}), got "
+                        f"{type(exit_pass).__name__} ({err})") from None
+    if D.dtype == torch.bool or D.is_complex():
+        raise TypeError(f"exit_pass: expected whole numbers 1..{K}, got a tensor of {D.dtype}")
+    if D.numel() == 0:
+        raise ValueError("exit_pass is empty; expected one exit pass per token (or None: K for every token)")
+    D = D.float()
+    bad = (D != D.round()) | (D < 1) | (D > K)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"exit_pass: token {i} has exit pass {D[i].item():g}; expected whole numbers 1..{K} "
+                         f"(K = {K} passes)")
+    return D
+
+
 class CostAccounting:
     """Mixed into :class:`~.modeling_adaponder.AdaPonderForCausalLM` (it reads the model's parts and config)."""
 
@@ -48,10 +74,7 @@ class CostAccounting:
         ctx = (context if context is not None else cfg.max_position_embeddings // stride) * stride
         ff = cfg.intermediate_size
         per_layer = (2 * (d * 3 * d + d * d + 2 * d * ff) + 4 * ctx * d) * stride
-        if exit_pass is None:
-            D = torch.full((1,), float(K))
-        else:
-            D = exit_pass.float().reshape(-1).cpu()
+        D = torch.full((1,), float(K)) if exit_pass is None else _exit_passes(exit_pass, K)
         mean_d = float(D.mean())
         mean_gates = float(torch.clamp(D, max=K - 1).mean()) if cfg.gated else 0.0
         gate_cost = 2 * (d * cfg.gate_hidden_mult * d + cfg.gate_hidden_mult * d)

@@ -7,7 +7,10 @@ checkpoints pad further for model parallelism). The pretraining recipe lives in 
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from adaponder.errors import UsageError
 
 from .configuration_adaponder import AdaPonderConfig
 
@@ -41,6 +44,19 @@ def pythia_shape(size: str) -> dict[str, Any]:
     d, n_layers, heads, vocab, _ = PYTHIA_SHAPES[key]
     return {**base, "hidden_size": d, "num_hidden_layers": n_layers, "num_attention_heads": heads,
             "intermediate_size": 4 * d, "vocab_size": vocab}
+
+
+def checked_size(value: str, arg: str, also: tuple[str, ...] = ("tiny",)) -> str:
+    """``value`` if it names a Pythia shape (``70m`` … ``12b``, ``pythia-`` prefix allowed) or one of ``also``; a
+    :class:`UsageError` otherwise (a checkpoint path given where a shape is expected reached the shape table and
+    failed there with a ``KeyError``)."""
+    key = str(value).lower().removeprefix("pythia-").removeprefix("pythia")
+    known = [*PYTHIA_SHAPES, *also]
+    if key not in known:
+        hint = ("; it looks like a path, and this option takes a model shape, not a checkpoint"
+                if "/" in str(value) or os.sep in str(value) else "")
+        raise UsageError(f"{arg} {value!r}: no such Pythia size{hint}; expected one of {', '.join(known)}")
+    return value
 
 
 def default_input_scale(size: str, passes: int) -> float:

@@ -11,10 +11,13 @@ flagged as such (``above_ideal``, ``note``), never reported as a plain result.
 Budget: each batch size gets an equal share of ``budget_seconds`` (time an earlier one leaves unused passes on).
 The first batch runs timed rounds until ``repeats`` or until its share is spent (at least one); the following
 batches run as many, and a batch size stops at the first batch boundary past its share, having timed its first
-``examples_timed`` examples. The whole budget is a hard limit: once it is spent, timing stops after the model
-call under way; a round or batch cut short is dropped, and a batch size with no whole round is listed in
-``not_timed`` instead of given a figure (what was measured is reported, nothing is measured past the budget).
-``budget_seconds=None``: every example, ``repeats`` rounds.
+``examples_timed`` examples. The whole budget is a hard limit: no model call starts that is expected to end past it
+(expected from the calls timed so far: the same rule at the same batch size, else the dearest time per token seen,
+times the call's tokens — a larger batch costs less per token, so this errs on the safe side; always-last, the
+dearest rule, runs first in every round, so each batch size's first call bounds the others'); only the very first
+call of the phase has nothing to go by. A round or batch cut short is dropped, and a batch size with no whole round
+is listed in ``not_timed`` instead of given a figure (what was measured is reported, nothing is measured past the
+budget). ``budget_seconds=None``: every example, ``repeats`` rounds.
 """
 
 from __future__ import annotations
@@ -54,22 +57,44 @@ class _BudgetSpent(Exception):
     """The whole time budget ran out in the middle of a round."""
 
 
+class _CallTimes:
+    """The model calls timed so far, from which the time of the next one is expected (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, float]] = []  # (rule, rows, seconds per token)
+
+    def record(self, rule: str, rows: int, tokens: int, seconds: float) -> None:
+        self.seen.append((rule, rows, seconds / max(tokens, 1)))
+
+    def expected(self, rule: str, rows: int, tokens: int) -> float:
+        for keep in (lambda r, n: r == rule and n == rows, lambda r, n: n == rows, lambda r, n: True):
+            rates = [rate for r, n, rate in self.seen if keep(r, n)]
+            if rates:
+                return max(rates) * tokens
+        return 0.0
+
+
 def _time_batch(model, batch, rules: list[str], rounds: int, deadline: float | None, seed: int, *, q: float,
-                patience: int, clock: Callable[[], float], progress,
-                end: float | None = None) -> tuple[dict[str, list[float]], dict]:
+                patience: int, clock: Callable[[], float], progress, end: float | None = None,
+                calls: _CallTimes | None = None) -> tuple[dict[str, list[float]], dict]:
     """A warm-up round (which records the exit passes), then up to ``rounds`` timed rounds; with a ``deadline``
-    it stops after the first timed round that ends past it. Past ``end`` (the whole budget) it stops after the
-    call under way, keeping the whole timed rounds; :class:`_BudgetSpent` when not one was complete."""
+    it stops after the first timed round that ends past it. A call expected to end past ``end`` (the whole budget;
+    ``calls`` knows the calls so far) is not started: the whole timed rounds are kept; :class:`_BudgetSpent` when
+    not one was complete."""
     device = _device_of(model)
+    calls = _CallTimes() if calls is None else calls
+    rows, tokens = int(batch["input_ids"].shape[0]), int(batch["input_ids"].numel())
     times: dict[str, list[float]] = {r: [] for r in rules}
     exits: dict[str, torch.Tensor] = {}
+    order = sorted(rules, key=lambda r: r != "last")  # the dearest first: its time bounds the others'
     for rep in range(rounds + 1):
         if rep >= 1 and end is not None and clock() >= end:
             if not times[rules[0]]:
                 raise _BudgetSpent
             break
-        for rule in rules:
-            if end is not None and clock() >= end:  # a round cut short: its times are not comparable
+        for rule in order:
+            if end is not None and clock() + calls.expected(rule, rows, tokens) > end:
+                # a round cut short: its times are not comparable
                 for r in rules:
                     del times[r][max(rep - 1, 0):]
                 if not times[rules[0]]:
@@ -82,6 +107,7 @@ def _time_batch(model, batch, rules: list[str], rounds: int, deadline: float | N
                                 generator=gen)
             _sync(device)
             dt = clock() - t0
+            calls.record(rule, rows, tokens, dt)
             if rep == 0:
                 exits[rule] = res.exit_pass.cpu()
             else:
@@ -155,6 +181,7 @@ def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence
                            "device": str(device), "budget_seconds": budget_seconds, "examples_timed": {},
                            "rounds": {}, "not_timed": []}
     end = None if budget_seconds is None else start + budget_seconds
+    calls = _CallTimes()
     try:
         for i, bs in enumerate(batch_sizes):
             deadline = None if budget_seconds is None else start + budget_seconds * (i + 1) / len(batch_sizes)
@@ -165,7 +192,8 @@ def time_rules(model: AdaPonderForSequenceClassification, ids: Sequence[Sequence
                        for b in padded_batches(ids, [0] * len(ids), bs, pad_id)]
             try:
                 entry, timed, rounds = _time_batch_size(model, batches, rules, repeats, deadline, q=q,
-                                                        patience=patience, clock=clock, progress=progress, end=end)
+                                                        patience=patience, clock=clock, progress=progress, end=end,
+                                                        calls=calls)
             except _BudgetSpent:
                 out["not_timed"].append(bs)
                 continue

@@ -1,6 +1,12 @@
 """Train one arm of the study (a ``python -m adaponder.cli.pretrain`` subprocess, resumable) and evaluate it on the held-out
 split; the result is one small JSON file per (arm, seed), written atomically, which is what makes the study
 resumable arm by arm: an arm whose file exists with the same configuration fingerprint is never retrained.
+
+A rerun says what it does with every arm: ``done earlier`` (its result stands), ``resumed from step N`` (an
+interrupted training continued from its newest checkpoint), ``started`` (trained from the first step), or why its
+stored result no longer stands. A result records its training fingerprint and the evaluation section it was made
+with, so an edited ``eval:`` section re-evaluates the trained checkpoint of each arm it touches, naming the changed
+keys, and keeps the others' results; a changed training section retrains (the old run folder is moved aside).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ from adaponder.run_lock import lock_folder
 
 from .config import StudyConfig
 
+#: In an arm's run folder: the training fingerprint it was trained under (an arm started from another carries that
+#: arm's, which its ``arm.yaml``, naming only the folder, does not show).
+ARM_IDENTITY_FILE = "study_arm.json"
 RESULT_VERSION = 2  # 2: per-symbol outcomes, the development split, FLOPs by class (labelled tasks only)
 #: Versions whose results still stand: a text study's evaluation is the same in both (what version 2 added is
 #: for labelled tasks, whose fingerprints changed with it).
@@ -56,15 +65,80 @@ def run_dir_of(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = No
     return Path(cfg.study.runs_dir) / arm_id(arm, seed, data_seed)
 
 
-def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> dict | None:
-    """The stored result of (arm, seed, data seed) if it was produced by the current configuration."""
+def stored_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> dict | None:
+    """The stored result of (arm, seed, data seed), whatever configuration produced it (None: none stored)."""
     path = result_path(cfg, arm, seed, data_seed)
     if not path.is_file():
         return None
-    res = json.loads(path.read_text(encoding="utf-8"))
-    if res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) or res.get("version") not in READABLE_VERSIONS:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_result(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None = None) -> dict | None:
+    """The stored result of (arm, seed, data seed) if it was produced by the current configuration."""
+    res = stored_result(cfg, arm, seed, data_seed)
+    if res is None or res.get("fingerprint") != cfg.fingerprint(arm, seed, data_seed) \
+            or res.get("version") not in READABLE_VERSIONS:
         return None
     return res
+
+
+# -- what changed since a stored result ---------------------------------------------------------------------
+#: ``eval:`` keys read only for some arms (evaluate_arm): the τ dial and fixed pruning for gated arms, the
+#: consistency calibration for arms with consistency heads. Every other key touches every arm.
+_EVAL_KEY_SCOPE = {"taus": "gated", "pruning_seeds": "gated", "perplexity_controls": "gated",
+                   "consistency_delta": "consistency", "consistency_confidence": "consistency"}
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``key: old → new`` for every dotted key whose value differs between two nested mappings."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in list(old) + [k for k in new if k not in old]:
+            missing = "(unset)"
+            out += config_changes(old.get(key, missing), new.get(key, missing), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old} → {new}"]
+
+
+def _arm_kinds(cfg: StudyConfig, arm: str, seed: int, stored: dict) -> set[str]:
+    """Which scoped ``eval:`` keys (:data:`_EVAL_KEY_SCOPE`) an arm's evaluation reads."""
+    model = cfg.train_raw(arm, seed, "<data>", "<out>").get("model", {})
+    kinds = set()
+    if stored.get("mode") == "adaponder" and int(stored.get("passes", 1)) > 1:
+        kinds.add("gated")
+    if model.get("consistency_heads") or "consistency_exit" in stored:
+        kinds.add("consistency")
+    return kinds
+
+
+def stale_result(cfg: StudyConfig, arm: str, seed: int, stored: dict,
+                 data_seed: int | None = None) -> tuple[str, list[str] | None]:
+    """Why a stored result that :func:`load_result` refuses no longer stands, and, when only the evaluation
+    section changed since, the changed keys that touch this arm (an empty list: none does, the result stands as
+    it is; None: training may have changed, :func:`train_arm` decides)."""
+    if stored.get("version") not in READABLE_VERSIONS:
+        return (f"its result has format version {stored.get('version')} (this study reads "
+                f"{', '.join(map(str, READABLE_VERSIONS))}): evaluated again"), None
+    trained = stored.get("training_fingerprint")
+    if trained is not None and trained != cfg.training_fingerprint(arm, seed, data_seed):
+        return "the training section changed since its result was made", None
+    if trained is None or "evaluation" not in stored:  # a result stored before these were recorded
+        return (f"its configuration changed since (fingerprint {stored.get('fingerprint')}, now "
+                f"{cfg.fingerprint(arm, seed, data_seed)})"), None
+    changes = config_changes(stored["evaluation"], json_safe(dict(vars(cfg.eval))), "eval.")
+    if not changes:
+        return (f"its fingerprint changed ({stored.get('fingerprint')}, now {cfg.fingerprint(arm, seed, data_seed)}) "
+                "with the same training and evaluation sections"), None
+    kinds = _arm_kinds(cfg, arm, seed, stored)
+    touching = [c for c in changes if _EVAL_KEY_SCOPE.get(c.split(":")[0].split(".")[1], "all") in kinds | {"all"}]
+    return f"the evaluation section changed ({'; '.join(changes)})", touching
+
+
+def _result_identity(cfg: StudyConfig, arm: str, seed: int, data_seed: int | None) -> dict[str, Any]:
+    """What a result records of the configuration it was made under (see :func:`stale_result`)."""
+    return {"fingerprint": cfg.fingerprint(arm, seed, data_seed),
+            "training_fingerprint": cfg.training_fingerprint(arm, seed, data_seed),
+            "evaluation": json_safe(dict(vars(cfg.eval)))}
 
 
 # -- training -----------------------------------------------------------------------------------------------
@@ -74,6 +148,7 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
     Wall time is accumulated in ``<run>/study_wall.json`` across interrupted sessions. An arm started from
     another (``from_arm``) trains that one first when its checkpoint is not there."""
     run_dir = run_dir_of(cfg, arm, seed, data_seed)
+    name = arm_id(arm, seed, data_seed)
     # Another job on this arm's folder (a pretraining started by hand): refused here, naming it, rather than by
     # the training subprocess, whose failure would advise a rerun that cannot succeed while that job runs.
     lock_folder(run_dir, "arm run folder").release()
@@ -82,20 +157,34 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
     if source is not None:
         arm_dirs[source] = str(train_arm(cfg, source, seed, data_dir, log, data_seed) / "hf")
     config_file = run_dir / "arm.yaml"
+    identity_file = run_dir / ARM_IDENTITY_FILE
     wanted = cfg.train_raw(arm, seed, str(data_dir), str(run_dir), arm_dirs)
-    if config_file.is_file() and yaml.safe_load(config_file.read_text(encoding="utf-8")) != wanted:
+    fingerprint = cfg.training_fingerprint(arm, seed, data_seed)
+    changed = None
+    if config_file.is_file():
+        changed = config_changes(yaml.safe_load(config_file.read_text(encoding="utf-8")), wanted)
+        recorded = json.loads(identity_file.read_text())["training_fingerprint"] if identity_file.is_file() else None
+        if not changed and recorded not in (None, fingerprint):
+            # arm.yaml names the source arm's folder, not what it holds: the source was trained again differently
+            changed = [f"the arm it starts from ({source}) was trained under another configuration"
+                       if source is not None else f"training fingerprint {recorded} → {fingerprint}"]
+    if changed:
         # Trained (or begun) under another configuration: neither reuse nor resume it; keep it aside.
         stale = run_dir.with_name(f"{run_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.rename(stale)
-        log(f"== {arm_id(arm, seed, data_seed)}: the run folder was trained under another configuration; moved to {stale}")
+        shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+        log(f"== {name}: the run folder was trained under another configuration; moved to {stale} "
+            f"(changed: {shown}); training it from the first step")
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(wanted, sort_keys=False), encoding="utf-8")
+    write_json_atomic(identity_file, {"training_fingerprint": fingerprint})
     wall_file = run_dir / "study_wall.json"
     wall = json.loads(wall_file.read_text())["seconds"] if wall_file.is_file() else 0.0
     if (run_dir / "hf" / "config.json").is_file() and _finished(run_dir):
+        log(f"== {name}: trained earlier ({run_dir}); not trained again")
         return run_dir
     cmd = module_command("adaponder.cli.pretrain", ["--config", str(config_file), "--resume", "auto"])
-    log(f"== training {arm_id(arm, seed, data_seed)}: {' '.join(cmd[1:])}")
+    log(f"== training {name}: {_training_start(wanted, run_dir)}; {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     env = package_env({**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")})
     proc = subprocess.run(cmd, cwd=os.getcwd(), env=env)
@@ -105,6 +194,24 @@ def train_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print,
         raise RuntimeError(f"training {arm_id(arm, seed, data_seed)} failed with exit code {proc.returncode} "
                            f"(log above; config {config_file}); rerun the study to resume it")
     return run_dir
+
+
+def _training_start(raw: dict, run_dir: Path) -> str:
+    """``resumed from step N of M`` when an earlier attempt left a checkpoint (``--resume auto`` continues from the
+    newest intact one and names any it skips), else ``started``."""
+    from adaponder.train.checkpoint import TAG_RE, list_tags
+    from adaponder.train.config import config_from_dict, plan_run
+
+    try:
+        train_cfg = config_from_dict(raw, str(run_dir / "arm.yaml"))
+        ckpt_dir, total = Path(train_cfg.checkpoint_dir), f" of {plan_run(train_cfg, 1).total_steps}"
+    except (ValueError, OSError):  # the training child names the problem
+        ckpt_dir, total = run_dir / "checkpoints", ""
+    tags = list_tags(ckpt_dir)
+    if tags:
+        return f"resumed from step {int(TAG_RE.match(tags[-1]).group(1))}{total} ({ckpt_dir / tags[-1]})"
+    earlier = " (an earlier attempt left no checkpoint)" if (run_dir / "metrics.jsonl").is_file() else ""
+    return f"started from step 0{total}{earlier}"
 
 
 def _finished(run_dir: Path) -> bool:
@@ -263,19 +370,30 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, da
             train_only: bool = False) -> dict | None:
     """Train and evaluate (arm, seed, data seed) unless its result is already stored; returns the result
     (None with ``train_only``, which trains and stops there)."""
+    name = arm_id(arm, seed, data_seed)
     done = load_result(cfg, arm, seed, data_seed)
     if done is not None:
-        log(f"== {arm_id(arm, seed, data_seed)}: done earlier ({result_path(cfg, arm, seed, data_seed)})")
+        log(f"== {name}: done earlier ({result_path(cfg, arm, seed, data_seed)})")
         return done
+    stored = stored_result(cfg, arm, seed, data_seed)
+    if stored is not None:
+        why, touching = stale_result(cfg, arm, seed, stored, data_seed)
+        if touching == [] and not train_only:
+            # e.g. a τ added to the dial: an arm without gates has no dial, its figures would come out the same
+            write_json_atomic(result_path(cfg, arm, seed, data_seed),
+                              {**stored, **_result_identity(cfg, arm, seed, data_seed)})
+            log(f"== {name}: {why}; none of it touches this arm: its result is kept")
+            return load_result(cfg, arm, seed, data_seed)
+        log(f"== {name}: its stored result no longer stands: {why}")
     run_dir = train_arm(cfg, arm, seed, data_dir, log, data_seed)
     if train_only:
         return None
     held = lock_folder(run_dir, "arm run folder")  # no other job re-trains or re-exports it while it is evaluated
     try:
-        log(f"== evaluating {arm_id(arm, seed, data_seed)} on the held-out split")
+        log(f"== {'re-evaluating' if stored is not None else 'evaluating'} {name} on the held-out split")
         result = {"version": RESULT_VERSION, "arm": arm, "seed": seed,
                   **({} if data_seed is None else {"data_seed": data_seed}),
-                  "fingerprint": cfg.fingerprint(arm, seed, data_seed),
+                  **_result_identity(cfg, arm, seed, data_seed),
                   "profile": cfg.profile, "checkpoint": str(run_dir / "hf"), "overrides": cfg.arms[arm],
                   "train": json_safe(training_summary(run_dir)), **evaluate_arm(cfg, run_dir, data_dir)}
         write_json_atomic(result_path(cfg, arm, seed, data_seed), result)
@@ -287,5 +405,5 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, data_dir: Path, log=print, da
     return result
 
 
-__all__ = ["arm_id", "evaluate_arm", "load_result", "result_id", "run_dir_of", "refresh_training", "result_path", "run_arm", "train_arm",
-           "training_summary"]
+__all__ = ["arm_id", "config_changes", "evaluate_arm", "load_result", "result_id", "run_dir_of", "refresh_training",
+           "result_path", "run_arm", "stale_result", "stored_result", "train_arm", "training_summary"]

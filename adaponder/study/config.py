@@ -169,21 +169,39 @@ class StudyConfig:
                 raw.get("model", {}).pop(key, None)
         return raw
 
-    def fingerprint(self, arm: str, seed: int, data_seed: int | None = None) -> str:
-        """What decides an arm's result: its training config (minus output paths), data and evaluation (and, for
-        an arm started from another, that arm's fingerprint)."""
-        raw = self.train_raw(arm, seed, "<data>", "<out>")
+    def evaluation_identity(self) -> dict[str, Any]:
+        """The ``eval:`` section as it enters every fingerprint (stored with each result, so that a rerun can name
+        what changed in it)."""
         evaluation = dict(vars(self.eval))
         # defaults of keys added later leave the fingerprint alone: results stored before them keep theirs
         for key, default in (("perplexity_controls", True), ("consistency_delta", 0.05),
                              ("consistency_confidence", 0.95)):
             if evaluation.get(key, default) == default:
                 evaluation.pop(key, None)
-        what = {"train": raw, "data": self.data_identity(data_seed), "eval": evaluation}
+        return evaluation
+
+    def fingerprint(self, arm: str, seed: int, data_seed: int | None = None) -> str:
+        """What decides an arm's result: its training config (minus output paths), data and evaluation (and, for
+        an arm started from another, that arm's fingerprint)."""
+        raw = self.train_raw(arm, seed, "<data>", "<out>")
+        what = {"train": raw, "data": self.data_identity(data_seed), "eval": self.evaluation_identity()}
         source = self.arms[arm].get("from_arm")
         if source is not None:
             what["from_arm"] = self.fingerprint(source, seed, data_seed)
-        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return _digest(what)
+
+    def training_fingerprint(self, arm: str, seed: int, data_seed: int | None = None) -> str:
+        """What decides an arm's trained checkpoint: :meth:`fingerprint` without the evaluation (an arm started
+        from another carries that arm's training fingerprint, so retraining the source retrains it too)."""
+        what = {"train": self.train_raw(arm, seed, "<data>", "<out>"), "data": self.data_identity(data_seed)}
+        source = self.arms[arm].get("from_arm")
+        if source is not None:
+            what["from_arm"] = self.training_fingerprint(source, seed, data_seed)
+        return _digest(what)
+
+
+def _digest(what: Any) -> str:
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _yaml_scalar(v: Any) -> str:

@@ -16,6 +16,10 @@ previous complete checkpoint; the half-written temporary folder is removed by th
 temporaries of its own process or of processes that are gone (two writers on one folder, which the run lock
 prevents, would otherwise delete each other's). Older checkpoints beyond ``keep`` are deleted only after the new
 one is in place, and never the newest one whose weights were all finite (``weights_finite``, recorded at save).
+A checkpoint is deleted by renaming it first to ``.deleting-stepNNNNNNNN-<pid>`` (atomic) and then removing that,
+so a kill during the deletion leaves a hidden folder, never a ``stepNNNNNNNN`` holding a part of a checkpoint; every
+start clears hidden leftovers and names and removes a ``stepNNNNNNNN`` folder without ``trainer_state.json`` left
+by an older version (:func:`clear_leftovers`).
 A run resumed from an older checkpoint (a rewind) replaces the checkpoints of the abandoned branch as it reaches
 their steps. The folder must be on a filesystem that every node sees.
 
@@ -179,7 +183,13 @@ def _resolve_target(resume: str | None, ckpt_dir: Path, what: str = "--resume") 
         root = Path(resume)
         if not root.exists():
             raise CheckpointError(f"{what} {resume}: no such checkpoint folder")
-        if (root / STATE_FILE).is_file() or (root / "mp_rank_00_model_states.pt").is_file():
+        if (root / STATE_FILE).is_file():
+            return root
+        if TAG_RE.match(root.name) and root.is_dir():  # (not a folder of checkpoints: a part of one)
+            raise CheckpointError(f"{what} {resume}: an incomplete checkpoint folder ({STATE_FILE} is missing: its "
+                                  "save or its deletion was interrupted); complete ones beside it: "
+                                  f"{', '.join(list_tags(root.parent)) or 'none'}")
+        if (root / "mp_rank_00_model_states.pt").is_file():
             return root
     latest = read_latest(root)
     if latest is None:
@@ -313,7 +323,7 @@ class CheckpointManager:
         good = self._newest_finite(tags)  # kept whatever ``keep`` says: newer ones may hold NaN weights
         for old in tags[: max(0, len(tags) - self.keep)]:
             if old not in (keep_tag, good):
-                shutil.rmtree(self.dir / old, ignore_errors=True)
+                delete_checkpoint(self.dir / old)
 
     def _newest_finite(self, tags: list[str]) -> str | None:
         for tag in reversed(tags):
@@ -366,12 +376,56 @@ class CheckpointManager:
 
 
 RESHARD_GLOB = ".reshard-step*"  # temporary universal checkpoints (removed after loading, or by the next save)
-_TEMPORARY = re.compile(r"^\.(?:tmp|old|reshard)-step\d{8,}(?:-(\d+))?$")
+_TEMPORARY = re.compile(r"^\.(?:tmp|old|reshard|deleting)-step\d{8,}(?:-(\d+))?$")
+
+
+def delete_checkpoint(tag_dir: Path) -> None:
+    """Delete the checkpoint folder ``tag_dir``: renamed first to ``.deleting-<tag>-<pid>`` beside it (atomic), then
+    removed. A kill midway leaves that hidden folder, which the next start or save clears, and never a folder named
+    like a checkpoint holding a part of one (which later runs could neither use nor tell from a checkpoint)."""
+    hidden = tag_dir.parent / f".deleting-{tag_dir.name}-{os.getpid()}"
+    try:
+        os.replace(tag_dir, hidden)
+    except OSError:  # (gone already, or the folder cannot be renamed: a complete checkpoint is better kept whole)
+        return
+    fsync_dir(tag_dir.parent)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def clear_leftovers(ckpt_dir: Path) -> list[str]:
+    """Start-up (rank 0, the run lock held): remove the hidden temporaries that killed processes left
+    (:func:`remove_stale_temporaries`, a deletion's included), and every ``stepNNNNNNNN`` folder without
+    ``trainer_state.json`` (written last, before the folder gets its name: such a folder is what an interrupted
+    deletion of an older version left), unless ``latest`` names it. One without model weights is removed; one that
+    still holds weights is moved aside to a hidden ``.incomplete-`` name, not deleted. Returns one line per folder."""
+    if not ckpt_dir.is_dir():
+        return []
+    remove_stale_temporaries(ckpt_dir)
+    try:
+        named = read_latest(ckpt_dir)
+    except CheckpointError:
+        named = None  # (reported where the resume reads it)
+    lines = []
+    for path in sorted(ckpt_dir.iterdir()):
+        if not (TAG_RE.match(path.name) and path.is_dir()) or (path / STATE_FILE).is_file() or path.name == named:
+            continue
+        files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+        held = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "") if files else "nothing"
+        if any(f.endswith("model_states.pt") for f in files):
+            aside = ckpt_dir / f".incomplete-{path.name}-{int(time.time())}"
+            os.replace(path, aside)
+            lines.append(f"moved {path} aside to {aside}: an incomplete checkpoint ({STATE_FILE} is missing; it holds "
+                         f"{held}), which cannot be resumed from or exported; delete it when it is not needed")
+        else:
+            delete_checkpoint(path)
+            lines.append(f"removed {path}: an incomplete checkpoint folder ({STATE_FILE} is missing; it held {held}), "
+                         "left by a deletion that was interrupted")
+    return lines
 
 
 def remove_stale_temporaries(ckpt_dir: Path) -> None:
-    """Remove the temporary folders (``.tmp-``, ``.old-``, ``.reshard-stepN-<pid>``) of this process and of
-    processes that are gone; another live writer's stay. Names without a PID (older versions) are removed."""
+    """Remove the temporary folders (``.tmp-``, ``.old-``, ``.reshard-``, ``.deleting-stepN-<pid>``) of this process
+    and of processes that are gone; another live writer's stay. Names without a PID (older versions) are removed."""
     for path in ckpt_dir.iterdir():
         m = _TEMPORARY.match(path.name)
         if not m or not path.is_dir():
@@ -417,4 +471,5 @@ __all__ = ["CheckpointManager", "CheckpointError", "atomic_write", "fsync_dir", 
            "resolve_checkpoint", "to_universal",
            "read_state", "list_tags", "read_latest", "has_checkpoint", "rng_state", "set_rng_state", "tag_for",
            "file_sha256", "hash_files", "file_problems", "integrity_problems", "verify_files", "check_pickles",
-           "safe_torch_load", "deepspeed_safe_globals", "remove_stale_temporaries", "weights_problem"]
+           "safe_torch_load", "deepspeed_safe_globals", "remove_stale_temporaries", "weights_problem",
+           "clear_leftovers", "delete_checkpoint"]

@@ -10,8 +10,8 @@ Here:
 
 - each environment gets its own extensions folder (``TORCH_EXTENSIONS_DIR`` when the user set one), keyed by its
   interpreter prefix, Python and torch: environments never share, or rebuild, each other's build;
-- ``python -m adaponder.train.extensions`` builds it once at set-up (``scripts/setup.sh`` does), so a run start
-  finds it built; a run that finds it missing builds it once, for every later run of that environment;
+- ``adaponder build-extensions`` builds it once at set-up (``scripts/setup.sh`` does), so a run start finds it
+  built; a run that finds it missing builds it once, for every later run of that environment;
 - the build or load runs under an ``flock`` on a file of that folder: the kernel drops it when its holder dies, even
   by SIGKILL. Holding it, a torch lock file in our own folder can only be a dead build's, and is removed (said in one
   line). In a folder the user shared by setting ``TORCH_EXTENSIONS_DIR``, another program may be building: a torch
@@ -249,35 +249,13 @@ def load_cpu_collectives(say: Say | None = None) -> Path | None:
     return root
 
 
-def main(argv=None) -> int:
-    """``python -m adaponder.train.extensions``: build this environment's CPU collectives once (set-up)."""
-    import argparse
-
-    argparse.ArgumentParser(prog="python -m adaponder.train.extensions", description=(
-        "Build DeepSpeed's CPU collectives once for this Python environment, in its own folder, so no run "
-        "start builds them (scripts/setup.sh runs this)")).parse_args(argv)
-    if not _has_cuda():  # without CUDA, DeepSpeed's accelerator is the CPU (said, not guessed)
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    t0 = time.monotonic()
-    root = load_cpu_collectives()
-    if root is None:
-        print("DeepSpeed runs on a GPU here: no CPU collectives to build")
-    else:
-        print(f"DeepSpeed's CPU collectives ready in {root} ({time.monotonic() - t0:.0f} s)")
-    return 0
-
-
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ExtensionLockError", "RUN_START_EXTENSIONS", "clear_dead_build_locks",
+__all__ = ["DEFAULT_TIMEOUT", "ExtensionLockError", "RUN_START_EXTENSIONS", "clear_dead_build_locks", "has_cuda",
            "environment_extensions_dir", "extensions_ready", "load_cpu_collectives", "lock_path", "lock_timeout",
            "owner_lock", "shows_life", "use_environment_extensions_dir", "wait_for_live_builds"]
 
-if __name__ == "__main__":
-    from adaponder.cli.errors import cli_main
-
-    sys.exit(cli_main(main)())

@@ -25,12 +25,13 @@ from adaponder.errors import OutputError, writing
 from adaponder.seeding import seed_everything
 
 from . import metrics as M
-from .checkpoint import (CheckpointError, CheckpointManager, find_resume, has_checkpoint, read_latest, rng_state,
-                         set_rng_state, validate)
+from .checkpoint import (CheckpointError, CheckpointManager, clear_leftovers, find_resume, has_checkpoint, read_latest,
+                         rng_state, set_rng_state, validate)
+from .checkpoint_files import barrier
 from .distributed import create_engine, destroy_at_exit, init_distributed, lock_on_rank0
 from .finite_weights import module_weights_problem
 from .resume_checks import ResumeReview, log_review, reconcile_optimizer, review_resume
-from .stopping import install_stop_signals, restore_signals, saved_and_stopped, stop_at_step
+from .stopping import interrupted, install_stop_signals, restore_signals, saved_and_stopped, stop_at_step
 from .task_spec import TaskSpec
 
 
@@ -58,6 +59,7 @@ class RunHarness:
         self.resume_state: dict[str, Any] | None = None
         self.review = ResumeReview()
         self.reshard = False
+        self.saving = False  # a checkpoint is being written (a second Ctrl-C then waits for it)
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -100,8 +102,13 @@ class RunHarness:
 
     def resolve_resume(self) -> bool:
         """The resume target (``auto``: the newest intact checkpoint, every file's SHA-256 checked; a damaged one is
-        named and skipped). A fresh run never writes into a folder that holds checkpoints. Returns whether the
-        target's files were verified already."""
+        named and skipped), after clearing what a killed save or deletion left (:func:`~.checkpoint.clear_leftovers`,
+        each incomplete ``stepNNNNNNNN`` folder named). A fresh run never writes into a folder that holds checkpoints.
+        Returns whether the target's files were verified already."""
+        if self.rank == 0:  # (the folder is locked: what a killed save or deletion left is nobody's work)
+            for line in clear_leftovers(self.ckpt_dir):
+                M.write_console(line)
+        barrier()
         self.resume_dir, files_verified = find_resume(
             self.resume_arg, self.ckpt_dir, notify=lambda line: self.rank == 0 and M.write_console(line))
         if self.resume_dir is None and self.resume_arg in (None, "none") and has_checkpoint(self.ckpt_dir):
@@ -154,6 +161,7 @@ class RunHarness:
             return self.last_saved_path  # nothing new since (e.g. a signal right after a resume)
         self.spec.before_save()
         rank_state = {**self.spec.rank_state(), "rng": rng_state(), "step": self.step}
+        self.saving = True
         try:
             path = self.ckpt.save(self.engine, self.step, rank_state=rank_state,
                                   trainer_state=self.spec.checkpoint_state(), model_config=self.model.config.to_dict(),
@@ -163,6 +171,8 @@ class RunHarness:
                 self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint_failed", "message": str(err),
                                "stopping": self.stopping})
             raise
+        finally:
+            self.saving = False
         self.sink.log({"kind": "event", "step": self.step, "event": "checkpoint", "path": str(path)},
                       f"checkpoint saved: {path}")
         self.last_saved, self.last_saved_path = self.step, path
@@ -196,7 +206,8 @@ class RunHarness:
 
     # ---- stop signals and stops ---------------------------------------------------------------------------
     def install_signals(self) -> None:
-        self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone)
+        self._old_handlers = install_stop_signals(self._on_signal, self._on_launcher_gone,
+                                                  saving=lambda: self.saving)
 
     def _on_signal(self, signum: int) -> None:
         if self.stop_signal is None:  # the first one names the stop (Ctrl-C also makes the launcher send SIGTERM)
@@ -274,6 +285,8 @@ class RunHarness:
         except alike:
             together = True
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers): one line, not a traceback
+            raise interrupted(self.step, self.last_saved, self.last_saved_path) from None
         finally:
             self.close()
             if together:

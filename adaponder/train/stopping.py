@@ -35,18 +35,29 @@ class StopSignals(dict):
     watch: LauncherWatch | None = None
 
 
-def install_stop_signals(on_stop, on_gone=None) -> StopSignals:
+#: Exit code of a run stopped at once by a second Ctrl-C (128 + SIGINT), without a checkpoint of its step.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+def install_stop_signals(on_stop, on_gone=None, saving=None) -> StopSignals:
     """SIGTERM and SIGINT call ``on_stop(signum)``: the loop saves a checkpoint at its next safe point and
-    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint). In a rank started by a launcher
-    (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_gone()`` (default
+    exits. A second SIGINT raises ``KeyboardInterrupt`` at once (no checkpoint), except while ``saving()`` is true:
+    then one line says that the save is being waited for, and only a third one interrupts it (a checkpoint cut off
+    midway is a temporary folder that the next save removes; the last complete one stays). In a rank started by a
+    launcher (``deepspeed``, ``torchrun``) the death of any launcher process above it calls ``on_gone()`` (default
     ``on_stop(SIGTERM)``; :class:`LauncherWatch`): a scheduler that signals only the ``deepspeed`` runner kills
     it, and the ranks would otherwise train on, orphaned. Returns the previous handlers, for
     :func:`restore_signals`."""
-    sigints = [0]
+    sigints, waited = [0], [False]
 
     def handler(signum, frame):
         if signum == signal.SIGINT:
             sigints[0] += 1
+            if sigints[0] > 1 and saving is not None and saving() and not waited[0]:
+                waited[0] = True  # a second Ctrl-C while the checkpoint is written: let it finish
+                _say("a checkpoint is being saved: waiting for it to finish, then stopping (Ctrl-C once more stops "
+                     "at once, without it)")
+                return
             if sigints[0] > 1:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         on_stop(signum)
@@ -57,6 +68,31 @@ def install_stop_signals(on_stop, on_gone=None) -> StopSignals:
         old.watch = LauncherWatch(chain, on_gone or (lambda: on_stop(signal.SIGTERM)))
         old.watch.start()
     return old
+
+
+def _say(line: str) -> None:
+    """One console line from a signal handler (rank 0). The handler may run while the main code writes to stderr;
+    a reentrant write there raises, so the line then goes straight to file descriptor 2."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    try:
+        M.write_console(line)
+    except RuntimeError:
+        os.write(2, (line + "\n").encode())
+
+
+def interrupted(step: int, last_saved, last_path) -> TrainingStopped:
+    """The :class:`TrainingStopped` (exit 130) of a run stopped at once by Ctrl-C (a second one, or one before the
+    stop handlers were installed): what was saved, in one line, instead of a ``KeyboardInterrupt`` traceback."""
+    if last_path is not None and last_saved == step:
+        said = (f"stopped by Ctrl-C at step {step}, whose checkpoint {last_path} is complete; continue with "
+                "--resume auto")
+    elif last_path is not None:
+        said = (f"stopped at once by Ctrl-C at step {step}, without saving it: the last checkpoint is {last_path} "
+                f"(step {last_saved}); continue with --resume auto")
+    else:
+        said = f"stopped at once by Ctrl-C at step {step}, without saving it: no checkpoint of this run was saved"
+    return TrainingStopped(said, EXIT_INTERRUPTED)
 
 
 def stop_cause(own_signal: int | None, any_launcher_gone: bool) -> str:
@@ -171,6 +207,7 @@ class LauncherWatch:
                 return
 
 
-__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_NONFINITE", "TrainingStopped", "StopSignals", "install_stop_signals",
+__all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "TrainingStopped", "StopSignals",
+           "install_stop_signals", "interrupted",
            "stop_cause", "signal_stop", "saved_and_stopped", "stop_at_step", "restore_signals", "launcher_chain",
            "LauncherWatch"]

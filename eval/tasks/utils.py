@@ -10,12 +10,13 @@ Data folder, first match wins:
   1. metadata key ``adaponder_eval_data`` (``lm_eval ... --metadata adaponder_eval_data=/path``,
      or ``TaskManager(include_path=..., metadata={"adaponder_eval_data": "/path"})``);
   2. environment variable ``ADAPONDER_EVAL_DATA``.
-Neither set: a ``FileNotFoundError`` saying so (no default location outside the checkout). Online, lm-eval's
+Neither set: a ``FileNotFoundError`` saying so (there is no default location). Online, lm-eval's
 official tasks (``lambada_openai``, ``piqa``, ...) need no folder: they download the Hugging Face datasets.
 
 A file that cannot be read as its benchmark's release is an ``adaponder`` data error naming the file and line
 (``adaponder-eval`` prints it as one ``error:`` line): a line that is not a JSON object, an empty file, a record
-without a key its task reads, and a label outside the task's choices (lm-eval would score it as always wrong).
+without a key its task reads, a document whose text is empty (lm-eval would score it like any other), and a label
+outside the task's choices (lm-eval would score it as always wrong).
 """
 
 from __future__ import annotations
@@ -118,18 +119,27 @@ def _split(name: str, docs: list[dict]) -> datasets.DatasetDict:
     return datasets.DatasetDict({name: datasets.Dataset.from_list(docs)})
 
 
+def _text(what: str, value) -> str:
+    # lm-eval scores an empty document like any other (an empty context, a target of one space), and its score
+    # enters the task's mean: refuse it here, naming the file and line
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} is {'empty' if isinstance(value, str) else type(value).__name__}; expected the "
+                         "document's text (a non-empty string)")
+    return value
+
+
 # --- converters: original record -> HF-schema doc ---------
 
 
 def lambada_doc(rec: dict) -> dict:
     # EleutherAI/lambada_openai "default" is this very OpenAI file: {"text"} only.
-    return {"text": rec["text"]}
+    return {"text": _text("text", rec["text"])}
 
 
 def piqa_doc(rec: dict, label: str) -> dict:
     # baber/piqa (ybisk/piqa re-upload): labels live in a separate aligned .lst file.
     _one_of("label", str(label), ["0", "1"])
-    return {"goal": rec["goal"], "sol1": rec["sol1"], "sol2": rec["sol2"], "label": int(label)}
+    return {"goal": _text("goal", rec["goal"]), "sol1": rec["sol1"], "sol2": rec["sol2"], "label": int(label)}
 
 
 def arc_doc(rec: dict) -> dict:
@@ -139,7 +149,7 @@ def arc_doc(rec: dict) -> dict:
     _one_of("answerKey", rec["answerKey"], [c["label"] for c in choices])
     return {
         "id": rec["id"],
-        "question": rec["question"]["stem"],
+        "question": _text("question.stem", rec["question"]["stem"]),
         "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]},
         "answerKey": rec["answerKey"],
     }
@@ -148,6 +158,7 @@ def arc_doc(rec: dict) -> dict:
 def sciq_doc(rec: dict) -> dict:
     # allenai/sciq keeps the original field names.
     keys = ("question", "distractor3", "distractor1", "distractor2", "correct_answer", "support")
+    _text("question", rec["question"])
     return {k: rec[k] for k in keys}
 
 
@@ -155,12 +166,13 @@ def winogrande_doc(rec: dict, label: str | None = None) -> dict:
     # allenai/winogrande drops qID and keeps `answer` as the string "1"/"2".
     answer = rec.get("answer") or label
     _one_of("answer", str(answer), ["1", "2"])
-    return {"sentence": rec["sentence"], "option1": rec["option1"], "option2": rec["option2"], "answer": str(answer)}
+    return {"sentence": _text("sentence", rec["sentence"]), "option1": rec["option1"], "option2": rec["option2"], "answer": str(answer)}
 
 
 def hellaswag_doc(rec: dict) -> dict:
     # Rowan/hellaswag stores `label` as a string ("" for the unlabeled test split).
     keys = ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split", "split_type")
+    _text("ctx", rec["ctx"])
     if str(rec.get("label", "")):
         _one_of("label", str(rec["label"]), [str(i) for i in range(len(rec["endings"]))])
     return {**{k: rec[k] for k in keys}, "label": str(rec.get("label", ""))}
@@ -221,6 +233,8 @@ def load_sciq(adaponder_eval_data=None, **_) -> datasets.DatasetDict:
             docs.append(sciq_doc(rec))
         except (KeyError, TypeError) as err:
             raise RecordError(f"{path}: record {i} (0-based) lacks key {err.args[0]!r} or is not an object") from None
+        except ValueError as err:
+            raise RecordError(f"{path}: record {i} (0-based): {err}") from None
     return _split("test", docs)
 
 
