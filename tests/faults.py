@@ -6,7 +6,9 @@ through :data:`RANK_SCRIPT`), so the package's own code paths carry no hooks for
 A spec is a mapping: ``{"nonfinite_steps": [5], "nonfinite_rank": 1}`` multiplies the training loss of those
 (1-based) steps by NaN (on one rank, or every rank when ``nonfinite_rank`` is absent); ``{"crash_in_save_at": 4}``
 raises :class:`SimulatedCrash` in the save of step 4 once the checkpoint's files are written, before they are
-hashed and renamed into place (a process killed in the middle of a save).
+hashed and renamed into place (a process killed in the middle of a save); ``{"crash_in_rotation": True}`` "kills"
+the first deletion of an old checkpoint after one file; ``{"sigints": {"where": "save", "step": 4, "count": 2}}``
+sends two SIGINTs (Ctrl-C twice) in the save of step 4 (``"step"``: at the start of training step 4).
 """
 
 from __future__ import annotations
@@ -55,6 +57,60 @@ def _crash_in_save(stack: contextlib.ExitStack, step: int) -> None:
     stack.enter_context(_patched(C, "hash_files", hash_files))
 
 
+def _crash_in_rotation(stack: contextlib.ExitStack) -> None:
+    """The first deletion of an old checkpoint removes one file (``trainer_state.json``, which makes a folder a
+    checkpoint) and "dies": the state a SIGKILL in the middle of ``shutil.rmtree`` leaves."""
+    import os
+    import shutil
+
+    import adaponder.train.checkpoint as C
+
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        state = os.path.join(path, "trainer_state.json")
+        if os.path.isfile(state):
+            os.unlink(state)
+            raise SimulatedCrash(f"simulated crash in the middle of deleting {path}")
+        return real(path, *args, **kwargs)
+
+    stack.enter_context(_patched(C.shutil, "rmtree", rmtree))
+
+
+def _sigints(stack: contextlib.ExitStack, where: str, step: int, count: int) -> None:
+    """``count`` SIGINTs (Ctrl-C) to this process in the save of ``step`` (``where="save"``: once its files are
+    written, before they are hashed) or at the start of training step ``step`` (1-based, ``where="step"``)."""
+    import os
+    import signal
+
+    import adaponder.train.checkpoint as C
+    import adaponder.train.trainer as T
+
+    def send():
+        for _ in range(count):
+            os.kill(os.getpid(), signal.SIGINT)  # (the handler runs before the next line)
+
+    if where == "save":
+        real = C.hash_files
+        temporary = re.compile(rf"^\.tmp-step{step:08d}-\d+$")
+
+        def hash_files(folder, names):
+            if temporary.match(folder.name):
+                send()
+            return real(folder, names)
+
+        stack.enter_context(_patched(C, "hash_files", hash_files))
+    else:
+        real_step = T.Trainer.train_step
+
+        def train_step(self, train_iter):
+            if self.run.step + 1 == step:
+                send()
+            return real_step(self, train_iter)
+
+        stack.enter_context(_patched(T.Trainer, "train_step", train_step))
+
+
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, value: Any):
     old = getattr(owner, name)
@@ -74,6 +130,10 @@ def injected(spec: dict[str, Any] | None):
             _nonfinite_losses(stack, list(spec["nonfinite_steps"]), spec.get("nonfinite_rank"))
         if spec.get("crash_in_save_at") is not None:
             _crash_in_save(stack, int(spec["crash_in_save_at"]))
+        if spec.get("crash_in_rotation"):
+            _crash_in_rotation(stack)
+        if spec.get("sigints"):
+            _sigints(stack, spec["sigints"]["where"], int(spec["sigints"]["step"]), int(spec["sigints"]["count"]))
         yield
 
 

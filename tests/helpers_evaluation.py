@@ -60,3 +60,23 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OFFLINE_ENV)
     return env
+
+
+def lm_eval_logging_restored():
+    """A generator for a pytest fixture around a test that runs lm-eval in-process. lm-eval's ``setup_logging``
+    adds, once per process, a handler bound to the ``sys.stderr`` of that moment, which in a test is pytest's capture
+    of that test, closed after it: a later test's lm-eval warning would print a logging error with a traceback. The
+    handlers added meanwhile are removed and the once-flag restored, so the next run binds to its own stderr."""
+    import logging
+
+    try:
+        import lm_eval.utils as lm_utils
+    except ImportError:
+        yield
+        return
+    logger = logging.getLogger("lm_eval")
+    handlers, configured = list(logger.handlers), getattr(lm_utils, "_LOGGING_CONFIGURED", False)
+    yield
+    for handler in [h for h in logger.handlers if h not in handlers]:
+        logger.removeHandler(handler)
+    lm_utils._LOGGING_CONFIGURED = configured

@@ -2,6 +2,8 @@
 
 import importlib.util
 
+import pytest
+
 from conftest import REPO
 
 
@@ -42,6 +44,7 @@ def test_rows_are_judged_against_the_targets_with_the_bytes_bound_of_a_short_dec
     ]
 
 
+@pytest.mark.slow
 def test_the_speculative_benchmark_runs_and_checks_its_tokens(tmp_path, capsys):
     """``--speculative`` (and ``--pipelined``) on a random tiny model: every row decodes the ordinary run's tokens and
     reports its acceptance, tokens per cycle (per tick) and the bandwidth model's ratio."""

@@ -49,6 +49,7 @@ def _one_error(p, done, *needles):
         assert needle in lines[0], (needle, lines[0])
 
 
+@pytest.mark.integration
 def test_the_watch_sees_heavy_work(tmp_path):
     # the record is not vacuous: a command that does import DeepSpeed and prepare data is seen doing so
     from adaponder.resources import package_env
@@ -61,17 +62,20 @@ def test_the_watch_sees_heavy_work(tmp_path):
     assert p.returncode == 0 and "deepspeed" in done["deepspeed"] and done["preparation"], (p.stderr, done)
 
 
+@pytest.mark.integration
 def test_a_mistyped_data_path_is_an_error_not_a_preparation(tmp_path):
     p, done = _pretrain(tmp_path, "--config", "tiny", "--set", "data.path=data/bundle")
     _one_error(p, done, "data.path: data/bundle does not exist (given with --set)", "data.prepare ['bundled']")
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()  # nothing prepared, nothing written
 
 
+@pytest.mark.integration
 def test_an_unknown_key_fails_at_once(tmp_path):
     p, done = _pretrain(tmp_path, "--config", "tiny", "--set", "train.nope=1")
     _one_error(p, done, "train.nope: unknown key")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_a_gpu_preset_on_a_cpu_says_so_at_once(tmp_path):
     p, done = _pretrain(tmp_path, "--config", "pythia410m")

@@ -18,6 +18,7 @@ def _adaponder(*argv, cwd=None, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_help_lists_every_command_on_one_line_each_before_torch_loads(tmp_path):
     from adaponder.cli.main import COMMANDS
 
@@ -49,6 +50,7 @@ def test_every_command_runs_a_cli_main_and_every_old_script_is_an_alias():
         assert callable(c.entry()), c.name
 
 
+@pytest.mark.integration
 def test_a_subcommand_is_named_as_typed_and_a_typo_gets_the_closest_name():
     p = _adaponder("plan", "--help")
     assert p.returncode == 0 and p.stdout.startswith("usage: adaponder plan "), p.stdout[:300]
@@ -100,6 +102,7 @@ def test_extends_names_a_missing_or_circular_base(tmp_path):
         load_finetune_config(tmp_path / "c.yaml")
 
 
+@pytest.mark.integration
 def test_finetune_takes_the_task_as_a_setting(tmp_path):
     """``--config base --task rte`` reads the recipe with the task set; the bad init is then the one error."""
     p = _adaponder("finetune", "--config", "base", "--task", "rte", "--init", str(tmp_path / "nowhere"),
@@ -108,6 +111,7 @@ def test_finetune_takes_the_task_as_a_setting(tmp_path):
     assert str(tmp_path / "nowhere") in p.stderr
 
 
+@pytest.mark.integration
 def test_a_child_command_runs_this_copy_of_the_package(tmp_path):
     """The study starts each arm's training as ``python -m adaponder.cli.pretrain`` (never a path into a
     checkout), with the parent's adaponder first on the path whatever the working folder."""
@@ -123,6 +127,7 @@ def test_a_child_command_runs_this_copy_of_the_package(tmp_path):
     assert 'module_command("adaponder.cli.pretrain"' in arms and "launch" not in arms.split('"""', 2)[2]
 
 
+@pytest.mark.integration
 def test_bench_lists_the_benchmarks_of_the_checkout():
     p = _adaponder("bench")
     assert p.returncode == 0 and "  train " in p.stdout and "  inference " in p.stdout, p.stdout

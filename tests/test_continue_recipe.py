@@ -34,6 +34,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_tiny_continue_runs_with_three_overrides(data, launcher, tmp_path):
     backbone = _neox(tmp_path / "neox", data["tokenizer"])
     overrides = [f"init.backbone={backbone}", f"data.path={data['data']}", f"train.out_dir={tmp_path / 'run'}"]

@@ -18,6 +18,7 @@ from adaponder.modeling import (PYTHIA_SHAPES, AdaPonderConfig, AdaPonderConfigE
 from conftest import tiny_config
 
 
+@pytest.mark.integration
 def test_save_load_in_process_without_adaponder(tmp_path):
     torch.manual_seed(0)
     # gates start at s ≈ 1e-4, the default τ: some tokens halt after each pass in both processes

@@ -5,6 +5,8 @@ neither torch nor transformers (configuration modules use it)."""
 import subprocess
 import sys
 
+import pytest
+
 from adaponder.core_modes import ATTN_IMPLEMENTATIONS, CLASSIFIER_CORE_MODES, CORE_MODE_CHOICES, classifier_core_mode
 from adaponder.modeling import configuration_adaponder
 from adaponder.modeling.configuration_adaponder import MODES
@@ -27,6 +29,7 @@ def test_attn_implementations_match_the_checkpoint_copy():
     assert ATTN_IMPLEMENTATIONS == configuration_adaponder.ATTN_IMPLEMENTATIONS
 
 
+@pytest.mark.integration
 def test_import_is_light():
     code = "import sys, adaponder.core_modes; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

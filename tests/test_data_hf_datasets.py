@@ -71,6 +71,7 @@ def test_prepare_hf_dataset_all_splits_streamed_from_local_files(saved, tmp_path
     assert np.array_equal(_tokens(out), _tokens(saved_all))
 
 
+@pytest.mark.integration
 def test_prepare_hf_dataset_errors_are_clear(saved, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

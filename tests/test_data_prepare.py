@@ -88,6 +88,7 @@ def test_text_jsonl_parquet_and_datasets_inputs(tmp_path: Path) -> None:
     assert meta["tokens"] == expected_tokens([DOCS[2], DOCS[3], DOCS[0], DOCS[1], DOCS[2], DOCS[3]])
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not GUTENBERG.is_dir(), reason="offline data pack not available")
 def test_real_books_token_count_is_exact_with_2_workers(tmp_path: Path) -> None:
     books = [GUTENBERG / n for n in ("41-0.txt", "pg844.txt", "43-0.txt")]  # the 3 smallest, 400 KB
@@ -224,6 +225,7 @@ def test_cli_prints_tokens_per_second(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 2 and "missing.txt" in err and "error" in err
 
 
+@pytest.mark.integration
 def test_module_entry_point_help() -> None:
     res = subprocess.run([sys.executable, "-m", "adaponder.cli.prepare", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)

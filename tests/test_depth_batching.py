@@ -179,6 +179,7 @@ def test_prefill_fills_the_decoders_layout_without_a_copy():
     assert step.cache.get_seq_length() == 11
 
 
+@pytest.mark.slow
 def test_buffers_grow_as_the_ticks_reach_their_end(monkeypatch):
     # Rows of the transposed keys span the whole capacity, so the buffers start small and double; growing must not
     # change a token, and a prefill decoded past its room stays reusable.

@@ -222,6 +222,7 @@ def tiny_pythia(tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 @needs_data
 def test_simple_evaluate_smoke(tiny_pythia):
     from lm_eval import simple_evaluate

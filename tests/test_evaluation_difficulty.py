@@ -78,6 +78,7 @@ def test_tables_match_a_hand_computation(corpus):
         assert runs[0]["mean_exit"] == pytest.approx(res["mean_exit"], abs=0.3)
 
 
+@pytest.mark.integration
 def test_a_labelled_corpus_trains_and_evaluates_through_the_ordinary_commands(corpus, tmp_path):
     """pretrain on the generated folder (its word-level tokenizer picked up), export, then the difficulty CLI."""
     import yaml

@@ -43,6 +43,7 @@ def _run(model, model_args, task_manager, limit=10):
                            torch_random_seed=0, fewshot_random_seed=0, bootstrap_iters=100)
 
 
+@pytest.mark.integration
 def test_adaponder_model_reports_realised_compute(tmp_path_factory, task_manager):
     import adaponder.evaluation.lm_eval_model  # noqa: F401  (registers "adaponder")
 
@@ -59,6 +60,7 @@ def test_adaponder_model_reports_realised_compute(tmp_path_factory, task_manager
     assert info["input"]["tokens"] > scored["tokens"]
 
 
+@pytest.mark.integration
 def test_adaponder_model_pins_settings_and_fixed_pruning(tmp_path_factory, task_manager):
     from adaponder.evaluation.lm_eval_model import AdaPonderLM
 
@@ -84,6 +86,7 @@ def _cli(args, tmp_path, name):
     return out.stdout, json.loads(result.read_text())
 
 
+@pytest.mark.integration
 def test_lm_eval_hf_cli_and_adaponder_eval_cli_agree(tmp_path_factory, tmp_path, task_manager):
     """The two command lines of the README: unmodified ``lm_eval --model hf`` and ``adaponder-eval``."""
     ckpt = tiny_checkpoint(tmp_path_factory)
@@ -107,6 +110,7 @@ def test_cli_argument_building():
     assert argv[argv.index("--model") + 1] == "hf" and argv.count("--include_path") == 1
 
 
+@pytest.mark.integration
 def test_adaponder_model_runs_q_exit_and_the_calibrated_consistency_exit(tmp_path_factory, task_manager):
     """lm-eval with each exit rule that reads the model's heads (docs/method.md A21, A23): ``exit_rule=q-exit``
     stops every token where the halting heads' exit distribution first passes q; ``exit_rule=consistency`` reads

@@ -117,9 +117,16 @@ def test_caps_and_prepared_data_folder(tmp_path):
     stream = np.array(d1 + [0] + d2 + [0], dtype="<u2")
     stream.tofile(prep / "val-00000.bin")
     np.save(prep / "val.docs.npy", np.array([0, len(d1) + 1, len(stream)], dtype=np.int64))
+    from adaponder.data.errors import TokenizerMismatchError
+    from adaponder.data.tokenizer import as_tokenizer
+
     meta = {"format": "adaponder.packed/v1", "dtype": "<u2", "eod_id": 0, "tokenizer_fingerprint": "x",
             "splits": {"val": {"documents": 2, "shards": [{"file": "val-00000.bin", "tokens": len(stream)}]}}}
     (prep / "meta.json").write_text(json.dumps(meta))
+    for packing in ("documents", "stream"):  # prepared with another tokenizer than the model's: refused
+        with pytest.raises(TokenizerMismatchError, match="is not the corpus's"):
+            load_documents(prep, tok, packing=packing, window=4)
+    (prep / "meta.json").write_text(json.dumps({**meta, "tokenizer_fingerprint": as_tokenizer(tok).fingerprint}))
     docs = load_documents(prep, tok)
     assert [d.ids.tolist() for d in docs] == [d1, d2]
     assert [d.n_bytes for d in docs] == [len(TEXT.encode()), len(b"Hello there.")]

@@ -14,6 +14,7 @@ TEXT = ("The old lighthouse keeper climbed the stairs every evening. He lit the 
         "on the gallery until dawn, so that no ship was lost. ") * 3
 
 
+@pytest.mark.integration
 def test_report_on_tiny_checkpoint(tmp_path_factory, tmp_path):
     if not (SHARED_DATA / "eval" / "lambada_openai").is_dir():
         pytest.skip("eval data not found")

@@ -21,7 +21,8 @@ import pytest
 from conftest import REPO
 from helpers_train import cpu_env, read_metrics, tiny_train_config, write_config
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="DeepSpeed's CPU collectives: Linux")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="DeepSpeed's CPU collectives: Linux")]
 
 
 def _environment(folder: Path) -> Path:

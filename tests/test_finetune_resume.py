@@ -51,6 +51,7 @@ def _phases(out: Path) -> list[str]:
 
 
 # -- (a) stop + resume == uninterrupted (one rank) -----------------------------------------------------------
+@pytest.mark.integration
 def test_stopped_and_resumed_equals_uninterrupted_one_rank(worker, tmp_path):
     # 96 examples, batch 32: 3 steps per epoch, 2 epochs; evaluations at steps 2, 4, 6. Stopping at step 4
     # (mid-epoch 2, before that step's evaluation) leaves the evaluation to the resumed run.
@@ -112,6 +113,7 @@ def test_zero3_two_ranks_evaluates_on_every_rank_and_resumes(tmp_path):
 
 
 # -- (c) SIGTERM during training ---------------------------------------------------------------------------
+@pytest.mark.integration
 def test_sigterm_during_training_leaves_a_checkpoint_that_resume_continues(worker, tmp_path):
     out = tmp_path / "sig"
     # many steps, no evaluation before the signal: the only checkpoint is the one the signal writes
@@ -143,6 +145,7 @@ def test_sigterm_during_training_leaves_a_checkpoint_that_resume_continues(worke
 
 
 # -- (d) an interrupted evaluation leaves the finished phases ------------------------------------------------
+@pytest.mark.integration
 def test_sigterm_during_timing_leaves_results_of_finished_phases(worker, tmp_path):
     out = tmp_path / "phases"
     slow_timing = ["timing.repeats=100000", "timing.batch_sizes=[1]"]

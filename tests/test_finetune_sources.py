@@ -73,6 +73,7 @@ def _same_run(a: dict, b: dict) -> None:
         {k: b["data"][k] for k in ("train_examples", "dev_examples")} == {"train_examples": 64, "dev_examples": 48}
 
 
+@pytest.mark.integration
 def test_glue_through_datasets_gives_the_tsv_examples_and_the_same_result(setup, reference):
     from adaponder.palbert.glue_datasets import load_glue_examples
 
@@ -88,6 +89,7 @@ def test_glue_through_datasets_gives_the_tsv_examples_and_the_same_result(setup,
     assert len(res["train"]["history"]) == 2 and res["online"]["exit_agreement"] == 1.0
 
 
+@pytest.mark.integration
 def test_init_from_a_hub_id_and_revision_equals_the_local_folder(setup, reference):
     res = _finetune(setup, "tsv-hub", "--init", HUB_ID, "--init-revision", REVISION, "--data-dir", str(setup["glue"]))
     assert res["init"] == HUB_ID and res["init_revision"] == REVISION and res["core_mode"] == "loop"

@@ -87,6 +87,7 @@ def _weights(run, step):
             {k: v for k, v in sd.items() if not k.startswith("gates.")})
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("regime", ["bypassed", "floored"])
 def test_no_halting_before_s0_and_the_ponder_loss_starts_at_s0(runs, regime):
     recs = read_metrics(runs[regime][0])
@@ -99,6 +100,7 @@ def test_no_halting_before_s0_and_the_ponder_loss_starts_at_s0(runs, regime):
         assert all(min(r["gate_median"]) >= 0.5 for r in before)
 
 
+@pytest.mark.integration
 def test_bypassed_gates_receive_no_update_before_s0(runs):
     run = runs["bypassed"][0]
     g2, b2 = _weights(run, 2)
@@ -109,6 +111,7 @@ def test_bypassed_gates_receive_no_update_before_s0(runs):
     assert any(not torch.equal(g4[k], g6[k]) for k in g4)  # and from S0 they learn
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("regime", ["bypassed", "floored"])
 def test_resume_equals_continue_across_s0(runs, regime):
     a, b = runs[regime]
@@ -116,6 +119,7 @@ def test_resume_equals_continue_across_s0(runs, regime):
     assert [key(r) for r in read_metrics(b)] == [key(r) for r in read_metrics(a)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("regime", ["bypassed", "floored"])
 def test_cached_decoding_equals_the_training_forward(runs, regime):
     model = AdaPonderForCausalLM.from_pretrained(runs[regime][0] / "hf").eval()
@@ -155,6 +159,7 @@ def _alarm_run(tmp, launcher, regime):
     return tmp / regime, log
 
 
+@pytest.mark.integration
 def test_the_alarm_fires_on_a_collapsing_run_and_stays_silent_on_one_that_keeps_its_passes(launcher, tmp_path):
     run, log = _alarm_run(tmp_path, launcher, "live")
     alarms = [r for r in read_metrics(run, "event") if r.get("event") == "gate_collapse"]

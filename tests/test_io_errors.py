@@ -99,6 +99,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.integration
 def test_a_run_whose_checkpoint_hits_a_full_disk_exits_2_with_one_line(data, tmp_path):
     cfg = tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run", train={"steps": 6, "stop_at": 4},
                             checkpoint={"every": 2}, eval={"at_end": False})
@@ -181,6 +182,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+@pytest.mark.integration
 def test_a_really_full_disk_under_torch_save_is_one_error_and_keeps_the_last_good_checkpoint(small_disk):
     """torch.save's zip writer reports a full disk as a RuntimeError, not an OSError."""
     from adaponder.train.checkpoint import CheckpointError, CheckpointManager

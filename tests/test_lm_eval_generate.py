@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 
@@ -29,6 +30,7 @@ metric_list:
 """)
 
 
+@pytest.mark.integration
 def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -61,6 +63,7 @@ def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
     assert samples[0]["resps"][0][0] == text
 
 
+@pytest.mark.integration
 def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(tmp_path, tmp_path_factory):
     """The ``adaponder`` lm-eval model with ``speculative_draft_tokens``: every generated answer of a
     generate_until task is the one ordinary decoding gives (greedy)."""

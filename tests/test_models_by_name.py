@@ -51,6 +51,7 @@ def _continue(setup, out, *sets, env=None):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_continue_preset_starts_from_a_local_gpt_neox_folder(setup, tmp_path):
     out = tmp_path / "run"
     code, log = _continue(setup, out, f"init.backbone={setup['neox']}")
@@ -62,6 +63,7 @@ def test_continue_preset_starts_from_a_local_gpt_neox_folder(setup, tmp_path):
     assert cfg["model"].get("size") is None and cfg["init"]["backbone"] == str(setup["neox"])
 
 
+@pytest.mark.integration
 def test_hub_id_with_revision_resolves_through_the_cache_offline(setup, tmp_path):
     out = tmp_path / "run"
     code, log = _continue(setup, out, "init.backbone=adaponder-test/tiny-neox", "init.revision=step5")
@@ -69,6 +71,7 @@ def test_hub_id_with_revision_resolves_through_the_cache_offline(setup, tmp_path
     assert [r["stage"] for r in read_metrics(out)] == ["gates_only", "joint"]
 
 
+@pytest.mark.integration
 def test_hub_id_not_cached_offline_is_a_clear_error(setup, tmp_path):
     code, log = _continue(setup, tmp_path / "run")  # the preset's EleutherAI/pythia-410m-deduped, step143000
     assert code == 2, log[-4000:]

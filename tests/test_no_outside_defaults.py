@@ -47,6 +47,7 @@ def test_no_code_resolves_a_location_outside_the_checkout():
     assert not offenders, "\n".join(offenders)
 
 
+@pytest.mark.integration
 def test_eval_tasks_without_their_folder_say_which_variable_to_set(tmp_path):
     # adaponder-eval (lm-eval's CLI) on a local task, with lm-eval's dummy model: the task's data is read first.
     code, out = _run("-m", "adaponder.cli.lm_eval", "--model", "dummy", "--tasks", "adaponder_piqa", "--limit", "1",
@@ -54,6 +55,7 @@ def test_eval_tasks_without_their_folder_say_which_variable_to_set(tmp_path):
     assert code != 0 and "no data folder for the AdaPonder eval tasks: set $ADAPONDER_EVAL_DATA=/path" in out
 
 
+@pytest.mark.integration
 def test_report_without_data_says_which_flag_or_variable_to_set(tmp_path):
     code, out = _run("-m", "adaponder.cli.report", str(tmp_path / "ckpt"), "--out", str(tmp_path / "r"),
                      cwd=tmp_path)
@@ -65,6 +67,7 @@ def test_report_without_data_says_which_flag_or_variable_to_set(tmp_path):
     assert code == 2 and "--data" in out
 
 
+@pytest.mark.integration
 def test_prepare_and_pretrain_need_explicit_data(tmp_path):
     code, out = _run("-m", "adaponder.cli.prepare", "-o", str(tmp_path / "o"), cwd=tmp_path)
     assert code == 2 and "give at least one INPUT, --bundled or --hf-dataset NAME" in out

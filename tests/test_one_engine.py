@@ -132,6 +132,7 @@ def _glue(folder):
     return folder.parent
 
 
+@pytest.mark.integration
 def test_pretraining_and_fine_tuning_run_on_one_engine_with_fake_builders(tmp_path):
     pre_out, ft_out = tmp_path / "pre", tmp_path / "ft"
     pre = tiny_train_config(tmp_path / "no-corpus", tmp_path / "no-tokenizer.json", pre_out,

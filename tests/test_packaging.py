@@ -11,13 +11,19 @@ there; the repository is a copy). It runs offline, so four lines are substituted
 * ``pip install dist/adaponder-*.whl ...`` gets ``--no-deps --no-index`` (the dependencies come through the
   ``.pth``; the wheel itself is installed for real, non-editable);
 * ``adaponder pretrain ...`` gets ``--set`` overrides after the README's for a 2-step run of short sequences, and
-  ``adaponder eval ...`` is skipped when the offline evaluation data are missing.
+  ``adaponder eval ...`` is skipped when the offline evaluation data are missing;
+* ``lm_eval ...`` becomes ``python -m lm_eval ...`` (the fresh environment's Python): lm-eval comes through the
+  ``.pth``, so its console script is not in the fresh environment's ``bin`` as it is after a real install (skipped,
+  like ``adaponder eval``, without the evaluation data).
+
+The script's stderr goes to its stdout, so each line's output follows its echoed command in order.
 
 ``adaponder --help`` and ``adaponder study --config reasoning --profile quick`` run as written: the study finds its
 config by name in the wheel and trains each arm through the package (``python -m adaponder.cli.pretrain``).
 
 ``python3`` on the ``PATH`` is this interpreter. Afterwards every console script of ``pyproject.toml``'s
-``[project.scripts]`` answers ``--help`` with exit code 0 from the folder outside the repository.
+``[project.scripts]`` answers ``--help`` with exit code 0 from the folder outside the repository, and the README's
+``adaponder calibrate`` line runs there on the bundled corpus the block prepared (finished, then stopped by Ctrl-C).
 """
 
 import os
@@ -73,6 +79,8 @@ def offline_line(line: str, have_eval_data: bool) -> str:
         return line + "".join(f" --set {s}" for s in FAST_PRETRAIN)
     if words[:2] == ["adaponder", "eval"] and not have_eval_data:
         return "echo 'skipped: adaponder eval (no offline evaluation data)'"
+    if words[0] == "lm_eval":
+        return "python -m " + line if have_eval_data else "echo 'skipped: lm_eval (no offline evaluation data)'"
     if words[:2] == ["adaponder", "study"]:  # its training children inherit one thread (OMP_NUM_THREADS)
         return line
     return line
@@ -95,7 +103,7 @@ def installed(tmp_path_factory):
     home.mkdir()
     have_eval = (SHARED_DATA / "eval" / "piqa").is_dir()
     lines = readme_wheel_block()
-    script = ["set -euo pipefail", f"cd {src}"]
+    script = ["set -euo pipefail", "exec 2>&1", f"cd {src}"]
     for ln in lines:  # each line echoed as written, then run (substituted where the module doc says)
         script += [f"echo {shlex.quote('+ ' + ln)}", offline_line(ln, have_eval)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -108,6 +116,12 @@ def installed(tmp_path_factory):
     return {"lines": lines, "code": proc.returncode, "out": proc.stdout + proc.stderr, "venv": venv,
             "py": venv / "bin" / "python", "work": home / "adaponder-try", "env": env, "have_eval": have_eval,
             "wheel": next((src / "dist").glob("adaponder-*.whl"), None)}
+
+
+def _output_of(installed, start: str) -> str:
+    """What the README line starting with ``start`` printed (the script echoes ``+ LINE`` before each line)."""
+    parts = installed["out"].split("\n+ ")
+    return next(part for part in parts if part.startswith(start))
 
 
 def _run(installed, *argv, timeout=600):
@@ -129,6 +143,11 @@ def test_readme_wheel_section_runs_as_written(installed):
     assert "site-packages/launch" not in out and "can't open file" not in out
     if installed["have_eval"]:
         assert "adaponder_piqa" in out and "[adaponder] realised compute" in out
+        # the README's line for unmodified lm-eval: the task folder found through `adaponder eval --tasks-path`
+        ran = _output_of(installed, "lm_eval ")
+        assert "Tasks not found" not in ran and re.search(r"\|\s*adaponder_piqa\s*\|", ran), ran[-3000:]
+        # lm-eval's `git describe` outside a repository: kept off the console by adaponder eval
+        assert "fatal:" not in _output_of(installed, "adaponder eval "), _output_of(installed, "adaponder eval ")
     pinned = next(re.search(r"torch==(\S+)", ln).group(1) for ln in installed["lines"] if "install torch==" in ln)
     code, version = _run(installed, "python", "-c", "import torch; print(torch.__version__.split('+')[0])")
     assert code == 0 and version.strip().splitlines()[-1] == pinned
@@ -170,3 +189,64 @@ def test_readme_lists_every_command():
     assert listed == {c.name for c in COMMANDS}
     # one form for every command: no console-script alias or launch/ shim run by python
     assert not re.search(r"^(adaponder-[a-z-]+|python launch/)", readme, flags=re.M)
+
+
+def readme_calibrate_line() -> list[str]:
+    """The README's ``adaponder calibrate CKPT --data PREPARED ...`` line (section Evaluation), as words."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    line = next(ln for ln in text.splitlines() if ln.startswith("adaponder calibrate CKPT "))
+    return shlex.split(re.sub(r"\s+#\s.*$", "", line))
+
+
+#: A ponderlm with consistency heads of the bundled tokenizer's vocabulary (none saved with it: the evaluation loads
+#: the bundled one, the corpus's), written by the installed package.
+CONSISTENCY_CHECKPOINT = """
+import sys, torch
+from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
+torch.manual_seed(0)
+AdaPonderForCausalLM(AdaPonderConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                     vocab_size=50304, mode="ponderlm", passes=2, consistency_heads=True)
+                     ).save_pretrained(sys.argv[1])
+"""
+
+
+def test_calibrate_runs_from_the_wheel_with_the_readme_flags_and_stops_cleanly_on_ctrl_c(installed):
+    """On the bundled corpus prepared by the README's block: the README's flags alone (the default token cap) finish,
+    with a progress bar; Ctrl-C during the calibration is one line, exit code 130, nothing written."""
+    import json
+    import signal
+    import threading
+    import time
+
+    assert installed["code"] == 0, installed["out"][-3000:]
+    work = installed["work"]
+    code, out = _run(installed, "python", "-c", CONSISTENCY_CHECKPOINT, "cal-ckpt")
+    assert code == 0, out[-3000:]
+    words = readme_calibrate_line()
+    argv = [{"CKPT": "cal-ckpt", "PREPARED": "data/bundled"}.get(w, w) for w in words]
+    assert argv[:2] == ["adaponder", "calibrate"] and "--max-tokens" not in argv  # the default cap applies
+    code, out = _run(installed, *argv, timeout=1200)
+    assert code == 0, out[-3000:]
+    assert "calibrating (20 thresholds)" in out and "read the first 16384 tokens of split 'val'" in out
+    saved = json.loads((work / "cal-ckpt" / "exit_calibration.json").read_text())
+    assert saved["windows"] == 128 and saved["test"]["windows"] == 128  # 16,384 tokens in windows of 64, halved
+
+    (work / "cal-ckpt" / "exit_calibration.json").unlink()
+    exe = installed["venv"] / "bin" / "adaponder"
+    proc = subprocess.Popen([str(exe), *argv[1:]], cwd=str(work), env=installed["env"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.time() + 600
+    while "calibrating" not in "".join(err) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "".join(err)[-3000:]
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    text = "".join(err)
+    assert proc.returncode == 130 and "Traceback" not in text, text[-3000:]
+    assert [ln.strip() for ln in text.replace("\r", "\n").splitlines() if "Ctrl-C" in ln] == [
+        "adaponder calibrate: stopped by Ctrl-C; nothing was written"]
+    assert not (work / "cal-ckpt" / "exit_calibration.json").exists()

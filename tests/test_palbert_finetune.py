@@ -166,6 +166,7 @@ def test_tokenizer_and_separator():
     assert tok.ids_of("hello") == tok.encode("hello")
 
 
+@pytest.mark.integration
 def test_finetune_smoke_sst2_writes_every_exit_rule(worker, tmp_path, shared_data):
     rc, out = run_cli(worker, tmp_path, "sst2", ["train.save_model=true"])
     assert rc == 0
@@ -197,6 +198,7 @@ def test_finetune_smoke_sst2_writes_every_exit_rule(worker, tmp_path, shared_dat
     assert (out / "model" / "config.json").is_file()
 
 
+@pytest.mark.integration
 def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(worker, tmp_path, shared_data):
     """A sentence-pair task, the PABEE baseline, and --init from a GPT-NeoX checkpoint directory."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -214,6 +216,7 @@ def test_finetune_smoke_rte_pabee_baseline_from_checkpoint(worker, tmp_path, sha
     assert res["online"]["exit_agreement"] == 1.0
 
 
+@pytest.mark.integration
 def test_finetune_smoke_stsb_regression(worker, tmp_path, shared_data):
     rc, out = run_cli(worker, tmp_path, "stsb", ["data.max_length=64", "timing.batch_sizes=[4]"])
     assert rc == 0
@@ -224,6 +227,7 @@ def test_finetune_smoke_stsb_regression(worker, tmp_path, shared_data):
     assert res["online"]["exit_agreement"] == 1.0
 
 
+@pytest.mark.integration
 def test_cli_runs_as_a_script(tmp_path, shared_data):
     """The launcher as users call it (fresh interpreter, argument parsing, exit code)."""
     out = tmp_path / "wnli"

@@ -138,3 +138,27 @@ def test_speedup_summary():
     assert s["measured_speedup"] == 3.0 and s["speedup_iqr"] == [2.0, 4.0] and s["speedup_range"] == [1.0, 10.0]
     assert s["above_ideal"] and s["ratio_to_ideal"] == pytest.approx(1.2)
     assert not speedup_summary([1.9, 2.0, 2.1], ideal=2.0)["above_ideal"]  # the median at the ideal is no noise
+
+
+def test_no_call_starts_that_would_end_past_the_budget():
+    """Calls far longer than the budget's remainder (the fine-tuning run that timed 1 of 256 examples and spent 30 s
+    of a 20 s budget: batch 32's first call began just before the end): a call expected to end past the budget is
+    not started, from the time per token of the calls before it; what was measured is reported."""
+    clock = FakeClock()
+    slow = 50 * PASS_COST  # one example: 1 s (Q-exit) or 2 s (always-last) a call; a batch of 32: 64 s always-last
+    model = FakeClassifier(clock)
+    model.predict = lambda input_ids, attention_mask, rule, **kw: (
+        setattr(clock, "now", clock.now + input_ids.shape[0] * (PASSES if rule == "last" else 2) * slow)
+        or SimpleNamespace(exit_pass=torch.full((input_ids.shape[0],), PASSES if rule == "last" else 2),
+                           outputs=torch.zeros(input_ids.shape[0], 2)))
+    out = time_rules(model, [[5, 6, 7]] * 256, 0, rules=["q", "last"], batch_sizes=[1, 32], repeats=5, q=0.5,
+                     patience=2, clock=clock, budget_seconds=20.0)
+    assert out["seconds"] <= 20.0
+    assert out["examples_timed"]["batch_1"] >= 1 and out["batch_1"]["q"]["measured_speedup"] == pytest.approx(2.0)
+    assert out["not_timed"] == [32] and "batch_32" not in out
+    # within a round too: a budget that leaves room for always-last's call but not for Q-exit's after it
+    clock = FakeClock()
+    model = FakeClassifier(clock)
+    out = time_rules(model, IDS, 0, rules=["q", "last"], batch_sizes=[1], repeats=5, q=0.5, patience=2, clock=clock,
+                     budget_seconds=0.05)
+    assert out["seconds"] <= 0.05 and out["not_timed"] == [1]

@@ -92,6 +92,7 @@ def test_detached_supervision_and_the_heads_leave_the_backbone_as_plain_ponderlm
     assert any(not torch.allclose(changed[n], reference[n]) for n in reference)
 
 
+@pytest.mark.integration
 def test_ponderlm_with_every_head_computes_ponderlms_forward(ids):
     plain = _model().eval()
     model = _model(**HEADS).eval()
@@ -259,6 +260,7 @@ def decode_greedy(model, prompt, new):
     return torch.cat(seq, 1)
 
 
+@pytest.mark.integration
 def test_train_draft_refuses_a_model_without_passes(tmp_path):
     import subprocess
     import sys

@@ -102,6 +102,7 @@ _MEASURE = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc (VmHWM)")
 def test_memory_estimate_within_15_percent_of_measured_peak():
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536",
@@ -199,6 +200,7 @@ def test_planner_cli_for_a_shipped_config(capsys):
     assert plan["usable_bytes"] == pytest.approx((94 - 3) * 2**30)
 
 
+@pytest.mark.integration
 def test_launch_plan_script_runs():
     proc = subprocess.run([sys.executable, str(REPO / "launch" / "plan.py"), "--config", "configs/pythia70m.yaml",
                            "--gpus", "8"], cwd=str(REPO), capture_output=True, text=True, timeout=300)

@@ -80,6 +80,7 @@ FIGURES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FIGURES))
 def test_figure_is_readable(name):
     fig = FIGURES[name]()

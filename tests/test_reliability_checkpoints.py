@@ -77,6 +77,7 @@ def _rehash(tag_dir: Path, rel: str) -> None:
 
 
 # -- A: content hashes ---------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_manifest_records_size_and_sha256_of_every_file(trained):
     run, _ = trained
     tag = run / "checkpoints" / "step00000006"
@@ -90,6 +91,7 @@ def test_manifest_records_size_and_sha256_of_every_file(trained):
     assert integrity_problems(tag) == []
 
 
+@pytest.mark.integration
 def test_damaged_newest_checkpoint_auto_falls_back_explicit_and_export_exit_2(trained, launcher, tmp_path, capsys):
     ck, argv = _copy_run(trained, tmp_path / "run")
     bad, good = ck / "step00000006", ck / "step00000004"
@@ -131,6 +133,7 @@ def test_damaged_newest_checkpoint_auto_falls_back_explicit_and_export_exit_2(tr
     assert integrity_problems(bad) == [] and (ck / "latest").read_text().strip() == "step00000006"
 
 
+@pytest.mark.integration
 def test_checkpoints_without_hashes_are_checked_by_size(trained, tmp_path):
     """A checkpoint written before the hashes existed still resumes: its sizes are checked."""
     ck, _ = _copy_run(trained, tmp_path / "run")
@@ -175,6 +178,7 @@ def test_the_payload_is_live(tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.integration
 def test_pickle_payload_is_refused_by_resume_and_export(trained, launcher, tmp_path, capsys):
     ck, argv = _copy_run(trained, tmp_path / "run")
     tag = ck / "step00000006"
@@ -203,6 +207,7 @@ def test_pickle_payload_is_refused_by_resume_and_export(trained, launcher, tmp_p
     assert code == 2 and f"{rank_file}: refused to load" in out and not marker.exists(), out
 
 
+@pytest.mark.integration
 def test_pickle_payload_is_refused_by_a_zero_0_export(trained, tmp_path, capsys):
     """ZeRO-0 checkpoints are read by the export itself (no zero_to_fp32): weights-only as well."""
     ck, _ = _copy_run(trained, tmp_path / "run")
@@ -218,6 +223,7 @@ def test_pickle_payload_is_refused_by_a_zero_0_export(trained, tmp_path, capsys)
     assert not marker.exists()
 
 
+@pytest.mark.integration
 def test_deepspeed_checkpoint_types_are_allowed(trained):
     """The optimizer files hold DeepSpeed's loss scaler, ZeRO stage enum and fragment addresses."""
     tag = trained[0] / "checkpoints" / "step00000006"
@@ -227,6 +233,7 @@ def test_deepspeed_checkpoint_types_are_allowed(trained):
         safe_torch_load(next(tag.glob("*optim_states.pt")), deepspeed_types=False)
 
 
+@pytest.mark.integration
 def test_report_never_runs_the_modeling_code_saved_with_a_model(trained, data, tmp_path, capsys, one_thread):
     from adaponder.cli.train_report import main as report_main
 
@@ -248,6 +255,7 @@ def _siblings(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
 
 
+@pytest.mark.integration
 def test_export_refuses_a_non_empty_folder_unless_overwrite_and_writes_atomically(trained, tmp_path, capsys,
                                                                                  one_thread):
     ck = trained[0] / "checkpoints"
@@ -283,6 +291,7 @@ def test_export_refuses_a_non_empty_folder_unless_overwrite_and_writes_atomicall
     assert code == 2 and "must lie outside the checkpoint" in text and (ck / "latest").is_file(), text
 
 
+@pytest.mark.integration
 def test_export_failing_midway_leaves_the_old_folder_and_no_temporary(trained, tmp_path, monkeypatch, one_thread):
     import adaponder.train.export as E
 

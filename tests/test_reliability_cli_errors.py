@@ -205,6 +205,7 @@ def test_loader_names_the_shard_and_offset_of_damaged_content(data, tmp_path):
     assert loader.sample(0).max() <= limit
 
 
+@pytest.mark.integration
 def test_pretrain_on_a_damaged_shard_is_one_line_and_exit_2(data, tmp_path):
     _damaged_copy(data, tmp_path, "val", 5)
     damaged = tmp_path / "damaged"

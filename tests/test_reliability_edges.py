@@ -59,6 +59,7 @@ def _pretrain(cfg: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 # -- silent acceptance: studies, data, schedules, labels ----------------------------------------------------
+@pytest.mark.integration
 def test_a_second_study_on_a_study_folder_in_use_exits_2_naming_the_holder(tmp_path):
     from adaponder.run_lock import lock_folder
 
@@ -75,6 +76,7 @@ def test_a_second_study_on_a_study_folder_in_use_exits_2_naming_the_holder(tmp_p
         held.release()
 
 
+@pytest.mark.integration
 def test_prepare_overwrite_refuses_a_data_folder_a_run_reads(tmp_path, data):
     from adaponder.data.in_use import hold_data
 
@@ -93,6 +95,7 @@ def test_prepare_overwrite_refuses_a_data_folder_a_run_reads(tmp_path, data):
     assert not (out / ".adaponder.readers").exists()  # released: no trace left in the data folder
 
 
+@pytest.mark.integration
 def test_a_run_registers_as_a_reader_and_refuses_a_shard_edited_after_preparation(tmp_path, data):
     from adaponder.data.in_use import hold_data, live_readers
 
@@ -121,6 +124,7 @@ def test_a_run_registers_as_a_reader_and_refuses_a_shard_edited_after_preparatio
      ["schedule.gate_warmup: 'bypassed' lasts until schedule.s0 (step 8)"]),
     (["train.stop_at=12"], ["train.stop_at: step 12 is beyond the run's 8 steps"]),
 ], ids=["lr-warmup", "ponder-start", "gate-warmup", "stop-at"])
+@pytest.mark.integration
 def test_a_schedule_the_run_cannot_carry_out_is_one_error_and_nothing_is_written(tmp_path, data, sets, must):
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run"))
     before = _snapshot(tmp_path)
@@ -128,6 +132,7 @@ def test_a_schedule_the_run_cannot_carry_out_is_one_error_and_nothing_is_written
     assert _snapshot(tmp_path) == before and not (tmp_path / "run").exists()
 
 
+@pytest.mark.integration
 def test_odd_schedules_and_a_split_smaller_than_a_batch_warn_with_their_sizes(tmp_path, data):
     raw = tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run", schedule={"s0": 1, "s1": 5},
                             train={"steps": 2, "micro_batch": 64, "grad_accum": 64}, eval={"at_end": False})
@@ -163,6 +168,7 @@ def _checkpoint_for(folder: Path, out: Path) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_difficulty_refuses_labels_of_another_corpus_and_a_foreign_tokenizer(tmp_path):
     a, b = _labelled(tmp_path, 1), _labelled(tmp_path, 2)
     ckpt = _checkpoint_for(a, tmp_path / "ckpt")
@@ -196,6 +202,7 @@ def test_a_corpus_written_before_labels_were_fingerprinted_is_still_evaluated(tm
 
 
 # -- the commands' own arguments ------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_an_unknown_key_in_deepspeed_overrides_is_one_error_naming_it(tmp_path, data):
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(
         data["data"], data["tokenizer"], tmp_path / "run",
@@ -205,6 +212,7 @@ def test_an_unknown_key_in_deepspeed_overrides_is_one_error_naming_it(tmp_path, 
     assert _snapshot(tmp_path) == before and not (tmp_path / "run").exists()
 
 
+@pytest.mark.integration
 def test_a_list_that_does_not_parse_and_a_path_through_a_file_are_named(tmp_path, data):
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], tmp_path / "run"))
     before = _snapshot(tmp_path)
@@ -219,6 +227,7 @@ def test_a_list_that_does_not_parse_and_a_path_through_a_file_are_named(tmp_path
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
 def test_a_read_only_output_names_the_path_and_the_cause(tmp_path, data):
     ro = tmp_path / "ro"
@@ -241,6 +250,7 @@ def _hf(tmp: Path) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_a_truncated_safetensors_and_a_bad_tau_list_are_named_before_anything_loads(tmp_path):
     hf = _hf(tmp_path)
     text = tmp_path / "t.txt"
@@ -262,6 +272,7 @@ def test_a_truncated_safetensors_and_a_bad_tau_list_are_named_before_anything_lo
     ("bench_inference.py", ["--size", "tiny", "--batches", "1,x"], "--batches '1,x': 'x' is not an integer"),
     ("bench_inference.py", ["--size", "tiny", "--batch", "0"], "--batch '0': batch size 0 is out of range"),
 ], ids=["gamma-0", "spec-batch-0", "batch-not-int", "batch-0"])
+@pytest.mark.integration
 def test_benchmark_lists_are_checked_before_any_model_is_built(tmp_path, script, args, must):
     before = _snapshot(tmp_path)
     _one_error(_run(REPO / "eval" / script, *args, "--json", tmp_path / "rows.json", timeout=120), must,
@@ -280,12 +291,14 @@ def test_integer_only_model_args_are_named(tmp_path):
             _as_int(bad, "speculative_draft_tokens")
 
 
+@pytest.mark.integration
 def test_an_unknown_lm_eval_task_is_one_line_with_the_closest_names(tmp_path):
     hf = _hf(tmp_path)
     p = _run("-m", "adaponder.cli.lm_eval", hf, "--tasks", "adaponder_piqaa", "--limit", "1", "--device", "cpu")
     _one_error(p, "--tasks adaponder_piqaa: no such lm-eval task, group or tag; did you mean adaponder_piqa")
 
 
+@pytest.mark.integration
 def test_finetune_glue_takes_a_preset_name():
     from adaponder.resources import find_config
 
@@ -335,6 +348,7 @@ def test_a_lifeless_build_lock_in_a_shared_folder_is_named_and_given_up_on(tmp_p
     assert lock.exists()  # a folder shared with other programs: their lock is never deleted for them
 
 
+@pytest.mark.integration
 def test_a_live_build_is_waited_for_and_never_called_dead(tmp_path):
     # a compiler working in the build folder: the wait outlasts the lifeless bound and gives no advice to delete
     import threading
@@ -395,6 +409,7 @@ def test_environments_get_folders_of_their_own_and_a_users_folder_stands(tmp_pat
     assert extensions.use_environment_extensions_dir() == (tmp_path / "shared", False)
 
 
+@pytest.mark.integration
 def test_the_owner_lock_names_its_holder_and_goes_with_it(tmp_path):
     # a holder killed by SIGKILL leaves the lock file, not the lock: the next start takes it at once
     from adaponder.train.extensions import OWNER_LOCK, owner_lock
@@ -438,6 +453,7 @@ def test_a_bad_build_lock_timeout_is_named(value, tmp_path, monkeypatch):
     assert not (tmp_path / "adaponder").exists() and not (tmp_path / "shared").exists()  # nothing made
 
 
+@pytest.mark.integration
 def test_a_run_with_a_lifeless_build_lock_in_a_shared_folder_stops_with_one_error_line(tmp_path, data):
     # a build killed midway in a folder the user shares (TORCH_EXTENSIONS_DIR): the run says so and stops
     extensions = tmp_path / "extensions"

@@ -81,6 +81,7 @@ def ckpt(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_adaponder_eval_names_the_bad_task_file_in_one_error_line(ckpt, tmp_path, capsys, one_thread):
     path = _piqa(tmp_path, [PIQA[0], PIQA[1], "[1, 2"], ["0", "1", "0"])
     code = eval_cli.main([str(ckpt), "--tasks", "adaponder_piqa", "--limit", "2", "--device", "cpu",

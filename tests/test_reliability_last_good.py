@@ -72,6 +72,7 @@ def run(data, launcher, tmp_path_factory):
     return {"cfg": cfg, "out": root / "run", "ck": root / "run" / "checkpoints"}
 
 
+@pytest.mark.integration
 def test_nonfinite_checkpoint_resume_explicit_errors_auto_falls_back(run, launcher):
     ck = run["ck"]
     step4 = ck / "step00000004"
@@ -88,6 +89,7 @@ def test_nonfinite_checkpoint_resume_explicit_errors_auto_falls_back(run, launch
     assert read_state(step4)["weights_finite"] is True  # step 4 trained again, from finite weights
 
 
+@pytest.mark.integration
 def test_export_refuses_nonfinite_weights_with_one_line(run, tmp_path, capsys):
     from adaponder.cli.export_hf import main as export_main
 
@@ -111,6 +113,7 @@ def _edit_export(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
+@pytest.mark.integration
 def test_perplexity_refuses_nonfinite_weights_and_fails_on_a_nonfinite_result(run, data, tmp_path, capsys):
     from adaponder.cli.perplexity import main as ppl_main
 
@@ -142,6 +145,7 @@ def test_perplexity_refuses_nonfinite_weights_and_fails_on_a_nonfinite_result(ru
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.integration
 def test_adaponder_eval_refuses_nonfinite_weights_and_fails_on_nonfinite_logits(run, tmp_path, capsys):
     from conftest import SHARED_DATA
 

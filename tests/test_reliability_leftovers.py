@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from adaponder.cli.export_hf import main as export_main
 from adaponder.data.prepare import prepare
 from adaponder.train.export import write_atomically
@@ -29,6 +31,7 @@ def _fill(folder: Path, size: int = 1 << 16) -> Path:
     return folder
 
 
+@pytest.mark.integration
 def test_prepare_removes_the_temporary_folders_of_killed_runs(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("A short document about pondering. " * 40)
@@ -46,6 +49,7 @@ def test_prepare_removes_the_temporary_folders_of_killed_runs(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".prepared.")) == [live.name]
 
 
+@pytest.mark.integration
 def test_export_removes_the_temporary_folders_of_killed_exports(tmp_path):
     out = tmp_path / "hf"
     dead = _fill(tmp_path / f".hf.tmp-{_dead_pid()}")

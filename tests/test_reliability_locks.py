@@ -67,6 +67,7 @@ def test_lock_refuses_a_second_holder_naming_it_and_is_freed_on_release(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+@pytest.mark.integration
 def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, launcher, tmp_path):
     out = tmp_path / "run"
     # A holder killed with SIGKILL leaves its lock file, but the OS has released the lock: no obstacle.
@@ -111,6 +112,7 @@ def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, 
     assert code == 0 and f"resumed from {ck / 'step00000004'} at step 4" in text, text
 
 
+@pytest.mark.integration
 def test_a_checkpoint_folder_shared_by_two_runs_is_locked_second_exits_2(data, launcher, tmp_path):
     """``checkpoint.dir`` may name any folder, another run's checkpoints included: it is locked on its own, so a
     second run with another ``train.out_dir`` but the same checkpoint folder is refused, naming the holder."""
@@ -155,6 +157,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.integration
 def test_two_prepares_into_one_new_output_second_exits_2(data, tmp_path):
     out = tmp_path / "prepared"
     argv = [str(data["corpus"]), "-o", str(out), "--tokenizer", str(data["tokenizer"]), "-j", "1", "--no-progress"]
@@ -177,6 +180,7 @@ def test_two_prepares_into_one_new_output_second_exits_2(data, tmp_path):
     assert (out / "meta.json").is_file() and not (tmp_path / ".prepared.lock").exists()
 
 
+@pytest.mark.integration
 def test_finetuning_on_an_output_in_use_exits_2_naming_the_holder(shared_data, tmp_path):
     from helpers_finetune import finetune_argv, start_script
 
@@ -190,6 +194,7 @@ def test_finetuning_on_an_output_in_use_exits_2_naming_the_holder(shared_data, t
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.integration
 def test_a_refusal_reaches_every_rank_under_deepspeed(data, tmp_path):
     from helpers_train import deepspeed_launch, free_port
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from helpers_train import REPO, cpu_env, read_metrics, tiny_train_config, write_config
 
@@ -29,6 +30,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.integration
 def test_nonfinite_final_validation_loss_exits_3_without_export(data, tmp_path):
     out_dir = tmp_path / "run"
     cfg = tiny_train_config(data["data"], data["tokenizer"], out_dir, train={"steps": 3},

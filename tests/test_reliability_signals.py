@@ -59,6 +59,7 @@ def test_sigterm_to_the_deepspeed_runner_checkpoints_every_rank_and_exits_143(da
     assert [r["step"] for r in read_metrics(out)][-2:] == [step, step + 1]
 
 
+@pytest.mark.integration
 def test_launcher_watch_fires_once_when_a_watched_process_exits():
     import psutil
 

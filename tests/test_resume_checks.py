@@ -81,6 +81,7 @@ def test_data_fingerprints_follow_the_content_not_the_folder(data, tmp_path, mon
     assert F.packed_fingerprint(moved, "val") != F.packed_fingerprint(moved, "train")
 
 
+@pytest.mark.integration
 def test_resume_on_other_data_is_refused_unless_allowed_and_then_logged(stopped, data, launcher, tmp_path):
     from adaponder.data.fingerprint import packed_fingerprint
 
@@ -109,6 +110,7 @@ def test_resume_on_other_data_is_refused_unless_allowed_and_then_logged(stopped,
     assert state["data"]["train"]["fingerprint"] == new_fp  # the next checkpoint records the data it ran on
 
 
+@pytest.mark.integration
 def test_a_checkpoint_without_a_data_fingerprint_resumes_with_a_notice(stopped, launcher):
     run = _copy(stopped, "old_checkpoint")
     state_file = run / "checkpoints" / "step00000002" / "trainer_state.json"
@@ -127,6 +129,7 @@ def _param_groups(tag_dir: Path) -> list[dict]:
     return optim["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
 
 
+@pytest.mark.integration
 def test_other_optimizer_values_are_refused_unless_allowed_and_then_applied(stopped, launcher):
     run = _copy(stopped, "optim")
     config_before = (run / "config.yaml").read_text()
@@ -155,6 +158,7 @@ def test_other_optimizer_values_are_refused_unless_allowed_and_then_applied(stop
     assert all(tuple(g["betas"]) == (0.9, 0.95) for g in _param_groups(run / "checkpoints" / "step00000002"))
 
 
+@pytest.mark.integration
 def test_finetuning_records_its_glue_data_and_refuses_other_data_unless_allowed(shared_data, tmp_path):
     from helpers_finetune import FinetuneWorker, finetune_argv
 
@@ -208,6 +212,7 @@ def _finetuning_param_groups(tag_dir: Path) -> dict[str, dict]:
     return {g["name"]: g for g in groups}
 
 
+@pytest.mark.integration
 def test_finetuning_refuses_other_optimizer_values_unless_allowed_and_then_applies_them(shared_data, tmp_path):
     """The checkpoint's optimizer state carries train.weight_decay (and the learning rates); a resume with another
     value is refused naming both, and when allowed the optimizer runs with the new one, as config.yaml says."""

@@ -13,6 +13,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers_finetune import finetune_argv
 from helpers_train import REPO, cpu_env, tiny_train_config, write_config
 
@@ -49,6 +51,7 @@ print("SPY " + json.dumps({{"codes": codes, "calls": calls}}))
 """
 
 
+@pytest.mark.integration
 def test_pretraining_and_finetuning_share_the_harness_code_paths(data, shared_data, tmp_path):
     from adaponder.palbert.finetune import FineTuner
     from adaponder.train.harness import RunHarness

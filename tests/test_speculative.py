@@ -38,6 +38,7 @@ def prompts(batch=3, length=6, seed=1):
     return ids, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ponderlm", "loop", "adaponder"])
 @pytest.mark.parametrize("draft_passes,draft_tokens,adaptive", [(1, 1, False), (1, 4, False), (2, 3, False),
                                                                   (1, 2, True)])

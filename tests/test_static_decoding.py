@@ -61,6 +61,7 @@ def test_the_eager_static_step_decodes_as_generate(decoded, per_pass):
         assert 1 < static.exit_pass.float().mean() < 4 and len(static.exit_pass.unique()) >= 3
 
 
+@pytest.mark.slow
 def test_the_compiled_step_decodes_as_the_eager_one(decoded):
     torch._dynamo.reset()
     model, _, static = decoded
@@ -120,6 +121,7 @@ def test_a_decode_step_reads_nothing_back_to_the_host(monkeypatch):
     assert logits.shape == (3, 97) and exit_pass.shape == (3,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_pass", [True, False], ids=["pass-by-pass", "whole-step"])
 def test_compilation_is_not_repeated_while_halting_varies(per_pass):
     torch._dynamo.reset()

@@ -31,6 +31,7 @@ def test_the_eager_static_draft_and_verify_decode_as_generate(mode, draft_passes
         assert 0 < stats.accepted < stats.drafted
 
 
+@pytest.mark.integration
 def test_the_compiled_draft_and_verify_decode_as_the_eager_ones_and_compile_once():
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters

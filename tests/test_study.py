@@ -46,6 +46,7 @@ def study(tmp_path_factory):
     return tmp, proc
 
 
+@pytest.mark.integration
 def test_quick_profile_trains_and_reports_every_arm(study):
     tmp, proc = study
     results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
@@ -83,6 +84,7 @@ def test_quick_profile_trains_and_reports_every_arm(study):
     assert "| adaponder-paper | 1234 | none |" in gates and "vanilla" not in gates.split("![")[0]
 
 
+@pytest.mark.integration
 def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     tmp, _ = study
     before = json.loads((tmp / "results" / "vanilla-s1234.json").read_text())
@@ -102,6 +104,7 @@ def test_rerun_trains_nothing_and_a_retrained_arm_reproduces_exactly(study):
     assert [c["lm_loss"] for c in after["train"]["curve"]] == [c["lm_loss"] for c in before["train"]["curve"]]
 
 
+@pytest.mark.integration
 def test_refresh_training_rereads_curves_without_training(study):
     """A result stored before its summary held gate statistics gets them back from the run folder: nothing is
     trained or evaluated, and the evaluation figures are untouched."""
@@ -118,6 +121,7 @@ def test_refresh_training_rereads_curves_without_training(study):
     assert after["train"]["wall_s"] == stored["train"]["wall_s"]
 
 
+@pytest.mark.integration
 def test_trained_tokenizer_is_used_from_prepare_to_lm_eval(study, shared_data):
     """prepare --train-tokenizer → train → export → lm-eval on the exported checkpoint, all with the 300-entry BPE."""
     tmp, _ = study

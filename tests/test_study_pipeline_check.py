@@ -28,6 +28,7 @@ def _report(tmp: Path, config: str, results_dir: str, profile: str | None) -> st
     return write_report(cfg, results, meta, "adaponder study ...").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,results_dir", [("configs/study/cpu.yaml", "docs/study"),
                                                 ("configs/study/reasoning.yaml", "docs/study/reasoning")])
 def test_quick_profile_report_is_a_pipeline_check_without_verdicts(tmp_path, config, results_dir):

@@ -32,6 +32,7 @@ def study(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.integration
 def test_quick_profile_reports_accuracy_and_exits_by_difficulty(study):
     results = {p.stem: json.loads(p.read_text()) for p in (study / "results").glob("*.json")}
     assert set(results) == set(RUNS)
@@ -58,6 +59,7 @@ def test_quick_profile_reports_accuracy_and_exits_by_difficulty(study):
         assert (study / "results" / png).stat().st_size > 10_000
 
 
+@pytest.mark.integration
 def test_rerun_trains_nothing_and_a_deleted_arm_retrains_to_the_same_figures(study):
     before = json.loads((study / "results" / "ponderlm-s1234-d0.json").read_text())
     report = (study / "study.md").read_text()
@@ -75,6 +77,7 @@ def test_rerun_trains_nothing_and_a_deleted_arm_retrains_to_the_same_figures(stu
     assert after["difficulty"] == before["difficulty"] and after["heldout"] == before["heldout"]
 
 
+@pytest.mark.integration
 def test_a_changed_configuration_retrains_instead_of_reusing_the_old_run(study):
     """A finished run folder of another configuration is moved aside, not reused under the new fingerprint."""
     before = json.loads((study / "results" / "vanilla-s1234-d0.json").read_text())

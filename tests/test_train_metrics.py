@@ -112,6 +112,7 @@ def test_resume_target_errors(tmp_path):
         validate(tag, {})
 
 
+@pytest.mark.integration
 def test_wandb_runs_offline_without_a_key(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)

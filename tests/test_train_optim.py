@@ -161,6 +161,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.integration
 def test_zero3_partitioned_matrices_are_decayed_like_full_ones(tmp_path):
     """Parameters built inside zero.Init are empty 1-D partitions; the groups must follow their full shape."""
     import subprocess

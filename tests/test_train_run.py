@@ -58,6 +58,7 @@ def resumed_runs(data, launcher, tmp_path_factory):
     return tmp, out
 
 
+@pytest.mark.integration
 def test_resume_equals_continue_bit_for_bit_one_rank(resumed_runs):
     tmp, out = resumed_runs
     straight, resumed = _losses(tmp / "a"), _losses(tmp / "b")
@@ -73,6 +74,7 @@ def test_resume_equals_continue_bit_for_bit_one_rank(resumed_runs):
     assert ev_a["val_loss"] == ev_b["val_loss"]
 
 
+@pytest.mark.integration
 def test_exported_checkpoint_loads_with_auto_classes_and_matches_engine_val_loss(resumed_runs, data):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -104,6 +106,7 @@ def test_exported_checkpoint_loads_with_auto_classes_and_matches_engine_val_loss
         assert k == k2 and torch.equal(v, v2), k
 
 
+@pytest.mark.integration
 def test_training_validation_equals_adaponder_perplexity_on_the_same_windows(resumed_runs, data, tmp_path):
     """One definition of validation perplexity: the trainer's final validation and ``adaponder-perplexity
     --packing stream`` on the exported model score the same tokens in the same windows and agree."""
@@ -126,6 +129,7 @@ def test_training_validation_equals_adaponder_perplexity_on_the_same_windows(res
     assert doc_row["ppl"] != pytest.approx(engine_eval["val_ppl"], rel=1e-5)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_resume_equals_continue_for_every_zero_stage(data, launcher, tmp_path, stage):
     common = dict(train={"steps": 5}, checkpoint={"every": 100}, eval={"at_end": False},
@@ -160,6 +164,7 @@ def _module_and_optimizer(tag_dir: Path):
     return module, tensors
 
 
+@pytest.mark.integration
 def test_nonfinite_loss_skips_the_step_and_n_in_a_row_stop_the_run(data, launcher, tmp_path):
     one = _config(tmp_path, "one", data, train={"steps": 5}, checkpoint={"every": 1, "keep": 10})
     many = _config(tmp_path, "many", data, train={"steps": 10, "max_consecutive_skips": 3},
@@ -211,6 +216,7 @@ def test_a_streak_of_skips_begun_before_a_resume_names_its_first_step(tmp_path):
 
 
 # -- a crash in the middle of a save, and clear errors that touch nothing -----------------------------------
+@pytest.mark.integration
 def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, launcher, tmp_path):
     run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2})
     codes, out = run_all(launcher, *[["--config", str(run)]], faults={"crash_in_save_at": 4})
@@ -260,6 +266,7 @@ def test_crash_during_save_keeps_previous_checkpoint_and_errors_are_clear(data, 
     assert (ck / "latest").read_text().strip() == "step00000006" and not list(ck.glob(".tmp-step00000004*"))
 
 
+@pytest.mark.integration
 def test_rewind_to_an_older_checkpoint_replaces_the_abandoned_branch(data, launcher, tmp_path):
     run = _config(tmp_path, "run", data, train={"steps": 6}, checkpoint={"every": 2, "keep": 5},
                   eval={"at_end": False})
@@ -277,6 +284,7 @@ def test_rewind_to_an_older_checkpoint_replaces_the_abandoned_branch(data, launc
 
 
 # -- continued pretraining (A14) ----------------------------------------------------------------------------
+@pytest.mark.integration
 def test_continued_pretraining_gates_only_then_joint(data, launcher, tmp_path):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
@@ -306,6 +314,7 @@ def test_continued_pretraining_gates_only_then_joint(data, launcher, tmp_path):
 
 
 # -- SIGTERM ------------------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_sigterm_writes_a_checkpoint_that_resume_auto_continues(data, launcher, tmp_path):
     cfg = _config(tmp_path, "sig", data, train={"steps": 100000}, checkpoint={"every": 100000},
                   eval={"at_end": False})
