@@ -4,11 +4,9 @@ comma-separated integers >= 1``). argparse's ``type=int`` covers one number; the
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from adaponder.errors import UsageError

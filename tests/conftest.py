@@ -35,6 +35,14 @@ def tiny_config(mode="adaponder", **overrides):
     return AdaPonderConfig(**values)
 
 
+def tiny_model(mode="adaponder", seed=0, **overrides):
+    """A model of :func:`tiny_config`, its weights drawn after ``torch.manual_seed(seed)``, in eval mode."""
+    from adaponder.modeling import AdaPonderForCausalLM
+
+    torch.manual_seed(seed)
+    return AdaPonderForCausalLM(tiny_config(mode, **overrides)).eval()
+
+
 _BOUND = weakref.WeakKeyDictionary()
 
 

@@ -80,3 +80,28 @@ def lm_eval_logging_restored():
     for handler in [h for h in logger.handlers if h not in handlers]:
         logger.removeHandler(handler)
     lm_utils._LOGGING_CONFIGURED = configured
+
+
+def ctrl_c_while_calibrating(cmd: list[str], cwd, env: dict, timeout: float = 300) -> tuple[int, str, str, list[str]]:
+    """Run ``adaponder calibrate`` (``cmd``); once it says it is calibrating (its progress shows, before any result),
+    press Ctrl-C (SIGINT). Returns its exit code, stdout, stderr and the stderr lines that mention Ctrl-C."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.time() + timeout
+    while "calibrating" not in "".join(err) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "".join(err)[-3000:]  # still calibrating: the bar showed before any result
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    text = "".join(err)
+    return proc.returncode, proc.stdout.read(), text, [
+        ln.strip() for ln in text.replace("\r", "\n").splitlines() if "Ctrl-C" in ln]
+

@@ -9,17 +9,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from helpers_evaluation import subprocess_env
+from helpers_evaluation import ctrl_c_while_calibrating, subprocess_env
 
 pytestmark = pytest.mark.integration  # every test runs the command in a process
 
@@ -126,23 +123,10 @@ def test_ctrl_c_stops_calibration_with_one_line_and_writes_nothing(setup, tmp_pa
     own = tmp_path / "ckpt"
     shutil.copytree(ckpt, own)
     before = _snapshot(own)
-    proc = subprocess.Popen([sys.executable, "-m", "adaponder.cli.main", "calibrate", str(own), "--data",
-                             str(root / "own"), "--split", "val", "--test-split", "val"], cwd=REPO,
-                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
-    reader.start()
-    deadline = time.time() + 300
-    while "calibrating" not in "".join(err) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    assert proc.poll() is None, "".join(err)[-3000:]  # still calibrating: the bar showed before any result
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
-    reader.join(timeout=10)
-    out = proc.stdout.read()
-    text = "".join(err)
-    assert proc.returncode == 130, text[-3000:]
+    code, out, text, lines = ctrl_c_while_calibrating(
+        [sys.executable, "-m", "adaponder.cli.main", "calibrate", str(own), "--data", str(root / "own"), "--split",
+         "val", "--test-split", "val"], REPO, subprocess_env())
+    assert code == 130, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
-    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if "Ctrl-C" in ln]
     assert lines == ["adaponder calibrate: stopped by Ctrl-C; nothing was written"], text[-3000:]
     assert "written:" not in out and _snapshot(own) == before

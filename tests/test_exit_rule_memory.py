@@ -24,7 +24,7 @@ from adaponder.modeling.pass_step import generate_positions
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig
 from adaponder.modeling.static_decoding import StaticDecoder
-from conftest import tiny_config
+from conftest import tiny_config, tiny_model
 
 K = 4
 NEW = 8
@@ -76,8 +76,7 @@ RULES = pytest.mark.parametrize("rule_cls", [CountsToThree, CountsToItsOwnLimit]
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return AdaPonderForCausalLM(tiny_config("adaponder", passes=K)).eval()
+    return tiny_model("adaponder", passes=K)
 
 
 @pytest.fixture(scope="module")
@@ -209,14 +208,18 @@ def eos_of(ref_tokens: torch.Tensor) -> int:
     return int(ref_tokens[0, 2])
 
 
+def unpadded_case(model, unpadded, rule_cls, with_eos):
+    """The cached reference for an unpadded batch (sequences, their new tokens, exits), the EOS that makes its rows
+    finish apart (or None) and a fresh rule."""
+    ref, ref_exits = reference(model, unpadded, torch.ones_like(unpadded), rule_cls)
+    ref_tokens = ref[:, PROMPT:]
+    return ref, ref_tokens, ref_exits, (eos_of(ref_tokens) if with_eos else None), rule_cls()
+
+
 @RULES
 @pytest.mark.parametrize("with_eos", [False, True], ids=["all-tokens", "eos"])
 def test_depth_batched(model, unpadded, rule_cls, with_eos):
-    ones = torch.ones_like(unpadded)
-    ref, ref_exits = reference(model, unpadded, ones, rule_cls)
-    ref_tokens = ref[:, PROMPT:]
-    eos = eos_of(ref_tokens) if with_eos else None
-    rule = rule_cls()
+    _, ref_tokens, ref_exits, eos, rule = unpadded_case(model, unpadded, rule_cls, with_eos)
     res = DepthBatchedDecoder(model, RunSettings(exit_rule=rule)).generate(unpadded, NEW, eos_token_id=eos)
     assert_rows(res.sequences[:, PROMPT:], res.exit_pass, ref_tokens, ref_exits, eos)
     assert rule.inconsistent == 0
@@ -227,11 +230,7 @@ def test_depth_batched(model, unpadded, rule_cls, with_eos):
 @RULES
 @pytest.mark.parametrize("with_eos", [False, True], ids=["all-tokens", "eos"])
 def test_pipelined(model, unpadded, rule_cls, with_eos):
-    ones = torch.ones_like(unpadded)
-    ref, ref_exits = reference(model, unpadded, ones, rule_cls)
-    ref_tokens = ref[:, PROMPT:]
-    eos = eos_of(ref_tokens) if with_eos else None
-    rule = rule_cls()
+    ref, ref_tokens, ref_exits, eos, rule = unpadded_case(model, unpadded, rule_cls, with_eos)
     decoder = PipelinedSpeculativeDecoder(model, RunSettings(exit_rule=rule))
     res = decoder.generate(unpadded, NEW, eos_token_id=eos)
     assert_rows(res.sequences[:, PROMPT:], res.exit_pass, ref_tokens, ref_exits, eos)

@@ -20,7 +20,7 @@ from adaponder.modeling.exit_rules import NoHalting, QExit
 from adaponder.modeling.run_settings import LEGACY_CONFIG_KEYS, RunSettings
 from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig
 from adaponder.palbert.classifier import AdaPonderForSequenceClassification, PalbertConfig
-from conftest import tiny_config
+from conftest import tiny_config, tiny_model
 
 K = 4
 
@@ -44,8 +44,7 @@ def expected_exits(ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return AdaPonderForCausalLM(tiny_config("adaponder", passes=K)).eval()
+    return tiny_model("adaponder", passes=K)
 
 
 @pytest.fixture(scope="module")

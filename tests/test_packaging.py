@@ -214,9 +214,8 @@ def test_calibrate_runs_from_the_wheel_with_the_readme_flags_and_stops_cleanly_o
     """On the bundled corpus prepared by the README's block: the README's flags alone (the default token cap) finish,
     with a progress bar; Ctrl-C during the calibration is one line, exit code 130, nothing written."""
     import json
-    import signal
-    import threading
-    import time
+
+    from helpers_evaluation import ctrl_c_while_calibrating
 
     assert installed["code"] == 0, installed["out"][-3000:]
     work = installed["work"]
@@ -233,20 +232,7 @@ def test_calibrate_runs_from_the_wheel_with_the_readme_flags_and_stops_cleanly_o
 
     (work / "cal-ckpt" / "exit_calibration.json").unlink()
     exe = installed["venv"] / "bin" / "adaponder"
-    proc = subprocess.Popen([str(exe), *argv[1:]], cwd=str(work), env=installed["env"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
-    reader.start()
-    deadline = time.time() + 600
-    while "calibrating" not in "".join(err) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    assert proc.poll() is None, "".join(err)[-3000:]
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
-    reader.join(timeout=10)
-    text = "".join(err)
-    assert proc.returncode == 130 and "Traceback" not in text, text[-3000:]
-    assert [ln.strip() for ln in text.replace("\r", "\n").splitlines() if "Ctrl-C" in ln] == [
-        "adaponder calibrate: stopped by Ctrl-C; nothing was written"]
+    code, _, text, lines = ctrl_c_while_calibrating([str(exe), *argv[1:]], str(work), installed["env"], timeout=600)
+    assert code == 130 and "Traceback" not in text, text[-3000:]
+    assert lines == ["adaponder calibrate: stopped by Ctrl-C; nothing was written"]
     assert not (work / "cal-ckpt" / "exit_calibration.json").exists()

@@ -45,6 +45,26 @@ def _dead_pid() -> int:
     return p.pid
 
 
+def _second_while_the_first_holds(launcher, first_cfg: Path, lock: Path, second_cfg: Path):
+    """Start a training run of ``first_cfg``; once its lock file ``lock`` names it, stop it (SIGSTOP) and run
+    ``second_cfg`` in ``launcher``; then let the first finish. Returns (the first process, its output, the second's
+    exit code, the second's output)."""
+    first = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(first_cfg)],
+                             cwd=str(REPO), env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_text(lock, f"PID {first.pid},", first)
+        os.kill(first.pid, signal.SIGSTOP)  # the first run holds the folder while the second starts
+        try:
+            code, text = launcher.run("--config", second_cfg)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        first_out, _ = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    return first, first_out, code, text
+
+
 def test_lock_refuses_a_second_holder_naming_it_and_is_freed_on_release(tmp_path):
     folder = tmp_path / "run"
     lock = lock_folder(folder)
@@ -86,20 +106,10 @@ def test_two_pretraining_runs_on_one_folder_second_exits_2_first_finishes(data, 
     dead_tmp.mkdir()
     cfg = write_config(tmp_path / "run.yaml", tiny_train_config(data["data"], data["tokenizer"], out,
                                                                   train={"steps": 4}, checkpoint={"every": 2}))
-    first = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(cfg)],
-                             cwd=str(REPO), env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_text(out / LOCK_NAME, f"PID {first.pid},", first)
-        os.kill(first.pid, signal.SIGSTOP)  # the first run holds the folder while the second starts
-        try:
-            code, text = launcher.run("--config", cfg)
-        finally:
-            os.kill(first.pid, signal.SIGCONT)
-        first_out, _ = first.communicate(timeout=600)
+        first, first_out, code, text = _second_while_the_first_holds(launcher, cfg, out / LOCK_NAME, cfg)
     finally:
         other.kill()
-        if first.poll() is None:
-            first.kill()
     assert code == 2, text
     assert f"error: run folder {out} is in use by another job (host {socket.gethostname()}, PID {first.pid}, " \
            "started " in text
@@ -121,19 +131,7 @@ def test_a_checkpoint_folder_shared_by_two_runs_is_locked_second_exits_2(data, l
         data["data"], data["tokenizer"], tmp_path / "first", train={"steps": 4}, checkpoint={"every": 2}))
     second_cfg = write_config(tmp_path / "second.yaml", tiny_train_config(
         data["data"], data["tokenizer"], tmp_path / "second", checkpoint={"dir": str(shared)}))
-    first = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), "--config", str(first_cfg)],
-                             cwd=str(REPO), env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_text(shared / LOCK_NAME, f"PID {first.pid},", first)
-        os.kill(first.pid, signal.SIGSTOP)  # the first run holds its checkpoint folder while the second starts
-        try:
-            code, text = launcher.run("--config", second_cfg)
-        finally:
-            os.kill(first.pid, signal.SIGCONT)
-        first_out, _ = first.communicate(timeout=600)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    first, first_out, code, text = _second_while_the_first_holds(launcher, first_cfg, shared / LOCK_NAME, second_cfg)
     assert code == 2, text
     assert f"error: checkpoint folder {shared} is in use by another job (host {socket.gethostname()}, PID " \
            f"{first.pid}, started " in text
