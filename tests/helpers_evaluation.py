@@ -90,15 +90,24 @@ def ctrl_c_while_calibrating(cmd: list[str], cwd, env: dict, timeout: float = 30
     import threading
     import time
 
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C's default action in the child, as from a terminal: a suite started in the background (SIGINT ignored,
+    # as a non-interactive shell does for `cmd &`) would pass the ignore on, and Python then never raises
+    # KeyboardInterrupt
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
     reader.start()
     deadline = time.time() + timeout
     while "calibrating" not in "".join(err) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    assert proc.poll() is None, "".join(err)[-3000:]  # still calibrating: the bar showed before any result
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    # frozen at once, so a small model cannot finish (and start writing) before the signal lands mid-calibration
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        assert proc.poll() is None, "".join(err)[-3000:]  # still calibrating: the bar showed before any result
+        proc.send_signal(signal.SIGINT)
+    finally:
+        proc.send_signal(signal.SIGCONT)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     text = "".join(err)
