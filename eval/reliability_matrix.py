@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -97,8 +98,11 @@ class Matrix:
             return Proc(None, _text(e.stdout), _text(e.stderr))
 
     def start(self, *args: str | Path) -> subprocess.Popen:
+        # Ctrl-C's default action in the child, as from a terminal (a matrix run in the background has SIGINT
+        # ignored, and a child would inherit that and never see the Ctrl-C a case sends)
         return subprocess.Popen([sys.executable, *map(str, args)], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=self.work)
+                                stderr=subprocess.PIPE, text=True, cwd=self.work,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def pretrain(self, cfg: Path, *extra: str, timeout: float | None = None) -> Proc:
         return self.run("-m", "adaponder.cli.pretrain", "--config", cfg, *extra, timeout=timeout)
