@@ -14,8 +14,9 @@ a rule's ``needs`` where it enters (``RunSettings``). Both raise :class:`ExitRul
 
 Rules here: :class:`ThresholdExit` (the paper's gate rule, A6), :class:`NoHalting`, :class:`FixedPruning` (the
 iso-FLOPs control: random subsets with per-pass rates, see ``adaponder.evaluation.pruning`` for the target
-histograms), :class:`QExit` (PALBERT's Q-exit, B9, per example or per token: on the LM's halting heads, A21) and
-:class:`ConsistencyExit` (the consistency heads' calibrated threshold, A23).
+histograms), :class:`QExit` (PALBERT's Q-exit, B9, per example or per token: on the LM's halting heads, A21),
+:class:`ConsistencyExit` (the consistency heads' calibrated threshold, A23), :class:`SampledExit` (exits drawn from
+the halting heads and applied in training, A25) and :class:`GivenExits` (given exit passes replayed).
 
 This file travels with saved checkpoints (``auto_map``): standard library and torch only.
 """
@@ -226,6 +227,57 @@ class QExit:
         return f"QExit(q={self.q:g}{', head' if self.head is not None else ''})"
 
 
+class SampledExit:
+    """Exits applied in training (A25): after pass i < K a token whose exits are applied in this forward stops with
+    probability λ^i_t (its halting head, A21), so its exit pass is a draw from its exit distribution p_t; each token's
+    exits are applied with probability ``rate`` (drawn once, at pass 1: the rule's memory). ``generator``: a CPU
+    generator the draws come from (the trainer seeds one per step, so a resumed run draws the same exits)."""
+
+    needs = frozenset({"hidden"})
+    carries = True
+
+    def __init__(self, head: torch.nn.Module, rate: float = 1.0, generator: torch.Generator | None = None):
+        if head is None:
+            raise ValueError("sampled exits need the model's halting heads (halting_heads: true, A21)")
+        if not 0.0 <= float(rate) <= 1.0:
+            raise ValueError(f"the share of tokens whose exits are applied must lie in [0, 1], got {rate}")
+        self.head = head
+        self.rate = float(rate)
+        self.generator = generator
+
+    def _uniform(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.rand(like.shape, generator=self.generator).to(like.device)
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        lam = torch.sigmoid(self.head(view.hidden.detach(), view.pass_idx).float()).reshape(view.active.shape)
+        if view.carry is None:
+            applied = self._uniform(lam) < self.rate
+        else:
+            applied = view.carry[..., 0] > 0.5
+        view.next_carry = applied.float()[..., None]
+        return applied & (self._uniform(lam) < lam)
+
+    def __repr__(self) -> str:
+        return f"SampledExit(rate={self.rate:g})"
+
+
+class GivenExits:
+    """Every element stops at a given exit pass: ``exit_pass`` (integers 1..K) of the view's shape, e.g. the exits a
+    training forward drew, replayed by cached decoding one position at a time."""
+
+    needs = frozenset()
+    carries = False
+
+    def __init__(self, exit_pass: torch.Tensor):
+        self.exit_pass = exit_pass
+
+    def stops(self, view: PassView) -> torch.Tensor:
+        return (self.exit_pass.to(view.active.device) <= view.pass_idx).reshape(view.active.shape)
+
+    def __repr__(self) -> str:
+        return "GivenExits()"
+
+
 class ConsistencyExit:
     """A23: after pass i a token stops when its consistency head says, with probability above ``threshold``, that
     pass i's greedy token is the full model's. ``threshold`` comes from calibration on held-out data
@@ -367,5 +419,6 @@ def check_tau(tau: float) -> float:
     return float(tau)
 
 
-__all__ = ["NEEDS", "ConsistencyExit", "ExitRule", "ExitRuleError", "FirstPassOnly", "FixedPruning", "NoHalting",
-           "PassView", "QExit", "ThresholdExit", "check_rule", "check_tau", "rule_answer", "rule_problem"]
+__all__ = ["NEEDS", "ConsistencyExit", "ExitRule", "ExitRuleError", "FirstPassOnly", "FixedPruning", "GivenExits",
+           "NoHalting", "PassView", "QExit", "SampledExit", "ThresholdExit", "check_rule", "check_tau", "rule_answer",
+           "rule_problem"]

@@ -97,6 +97,10 @@ class ScheduleConfig:
     halting_prior: Annotated[Float, Field(gt=0, lt=1)] = 0.2
     #: β of the KL term (A21).
     halting_beta: NonNegativeFloat = 0.01
+    #: Whether the halting heads' exits are applied in the training forward (A25 **[choice]**): ``none`` (every token
+    #: runs every pass) or ``sampled`` (each token's exit pass drawn from its exit distribution and applied, its
+    #: K/V reused in later passes as in decoding; applied to a share of tokens rising from 0 at ``s0`` to 1 at ``s1``).
+    train_exits: Literal["none", "sampled"] = "none"
 
 
 @dataclass
@@ -361,7 +365,7 @@ class TrainConfig:
         del what["hardware"]  # where the run may start, not what it computes
         # Keys added later enter only when set, so the fingerprints of runs that predate them stay the same.
         for key, default in (("gate_warmup", "live"), ("gate_floor", 0.0), ("per_pass", "none"), ("halting_prior", 0.2),
-                             ("halting_beta", 0.01)):
+                             ("halting_beta", 0.01), ("train_exits", "none")):
             if what["schedule"].get(key) == default:
                 del what["schedule"][key]
         if not what["init"].get("gates_alone"):
@@ -464,6 +468,10 @@ def _cross_problems(cfg: TrainConfig, bad: set[str]) -> list[str]:
           and cfg.model.fields.get("halting_heads") is not True,
           f"schedule.per_pass: {cfg.schedule.per_pass!r} scores the passes by each token's exit distribution, which "
           "needs model.halting_heads: true (A21)")
+    check("schedule.train_exits schedule.per_pass", cfg.schedule.train_exits != "none"
+          and cfg.schedule.per_pass == "none",
+          "schedule.train_exits: sampled exits are drawn from the exit distribution of schedule.per_pass (A21, A25); "
+          "set schedule.per_pass")
     check("init.gates_alone init.gates_only_tokens", ini.gates_alone and ini.gates_only_tokens > 0,
           "init.gates_alone: the whole run trains the gates alone; leave init.gates_only_tokens at 0")
     return p

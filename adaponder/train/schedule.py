@@ -54,6 +54,14 @@ def ponder_schedule(step: int, *, s0: int, s1: int, k_max: float, weight: float)
     return PonderState(k_max * ramp, weight)
 
 
+def exit_rate(step: int, *, s0: int, s1: int) -> float:
+    """A25: the share of tokens whose sampled exits are applied in the training forward — 0 before ``s0`` (every
+    token runs every pass), rising linearly to 1 at ``s1`` (the ramp of A13's k)."""
+    if step < s0:
+        return 0.0
+    return 1.0 if s1 <= s0 else min(1.0, (step - s0) / (s1 - s0))
+
+
 GATE_WARMUPS = ("live", "bypassed", "floored")
 
 

@@ -43,6 +43,7 @@ from adaponder.data.tokenizer import load_tokenizer
 from adaponder.data.training_source import train_loader, training_source, validation_batches, validation_source
 from adaponder.errors import OutputError, debug_requested, writing
 from adaponder.modeling import AdaPonderConfigError, ponder_loss
+from adaponder.modeling.exit_rules import SampledExit
 from adaponder.modeling.pass_heads import PassSupervision
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.run_lock import RunLockError
@@ -65,7 +66,7 @@ from .pretraining_inputs import build_pretraining_model, prepare_data
 from .report import (append_gate_section, compute_saved, console_report, eval_batch, eval_summary, eval_vector,
                      write_report)
 from .gate_watch import GateWatch, gate_stats
-from .schedule import gate_warmup, learning_rate, ponder_schedule, stage
+from .schedule import exit_rate, gate_warmup, learning_rate, ponder_schedule, stage
 from .stopping import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, TrainingStopped
 
 
@@ -142,6 +143,19 @@ class Trainer:
         if s.per_pass == "none":
             return {}
         return {"pass_supervision": PassSupervision(s.per_pass, prior=s.halting_prior, beta=s.halting_beta)}
+
+    def _step_settings(self, step: int, micro: int) -> RunSettings:
+        """The training forward's settings at ``step``: with ``schedule.train_exits: sampled`` (A25) the halting heads'
+        exits are drawn and applied, from a generator seeded by (seed, step, micro-batch, rank), so that a resumed
+        run draws the same exits."""
+        if self.cfg.schedule.train_exits == "none":
+            return self.run_settings
+        rate = exit_rate(step, s0=self.plan.s0, s1=self.plan.s1)
+        if rate <= 0.0:
+            return self.run_settings
+        key = f"{self.cfg.train.seed}:{step}:{micro}:{self.run.rank}".encode()
+        generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+        return self.run_settings.replace(exit_rule=SampledExit(self.run.model.halting_heads, rate, generator))
 
     # ---- set-up ---------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -370,7 +384,7 @@ class Trainer:
             if cfg.debug.trace_batches:
                 self._trace(step, x)
             out = engine(input_ids=x[:, :-1], shift_labels=x[:, 1:], use_cache=False, return_logits=False,
-                         settings=self.run_settings, **warmup_kw, **self._supervision_kw)
+                         settings=self._step_settings(step, micro), **warmup_kw, **self._supervision_kw)
             loss, lm, pl = training_loss(out, ps)
             M.add_micro_batch(vec, loss, lm, pl, out.exit_pass, self.k_passes)
             engine.backward(loss)
