@@ -345,6 +345,13 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
             out["difficulty_consistency"] = json_safe(evaluate_difficulty(
                 model, data_dir, tok, batch_size=cfg.eval.batch_size, pruning_seeds=(),
                 settings=RunSettings(exit_rule=ConsistencyExit(cal.threshold, model.consistency_heads))))
+        if model.halting_heads is not None and has_token_labels(data_dir, "dev"):
+            # Q-exit at each q of the grid, on the development split (where q is chosen: .q_choice) and on the test
+            # split (the report reads it only at the q chosen on the development split)
+            for key, split in (("difficulty_q_grid_dev", "dev"), ("difficulty_q_grid", "val")):
+                out[key] = {f"{q:g}": json_safe(evaluate_difficulty(
+                    model, data_dir, tok, split=split, batch_size=cfg.eval.batch_size, pruning_seeds=(),
+                    settings=RunSettings(exit_rule=QExit(q, head=model.halting_heads)))) for q in Q_GRID}
         if has_token_labels(data_dir, "dev"):
             # The development split: where settings (τ, an arm) are chosen; the test split above is then read once.
             out["difficulty_dev"] = json_safe(evaluate_difficulty(model, data_dir, tok, split="dev",
@@ -355,6 +362,9 @@ def evaluate_arm(cfg: StudyConfig, run_dir: Path, data_dir: Path) -> dict[str, A
     out["eval_wall_s"] = time.perf_counter() - t0
     return out
 
+
+#: The Q-exit thresholds evaluated on arms with halting heads (A21, B9), q chosen among them on the development split.
+Q_GRID = (0.3, 0.5, 0.7, 0.9)
 
 #: Every token runs K passes (the gates still weigh the feedback).
 _NEVER_HALT = RunSettings(exit_rule=NoHalting())

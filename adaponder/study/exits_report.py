@@ -3,7 +3,7 @@ answers (the per-pass probe), every exit rule each arm can run, and the goals ju
 (runs × query symbols, :mod:`.intervals`) against ``ponderlm``.
 
 Rules per arm: ``all passes`` (the arm's own forward: no early exit), ``Q-exit`` (arms with halting heads, A21,
-q = 0.5), ``consistency δ`` (arms with consistency heads, A23, the threshold calibrated on the development split),
+q = 0.5, and, where the arm was evaluated over a grid of q, at the q chosen on the development split, A25), ``consistency δ`` (arms with consistency heads, A23, the threshold calibrated on the development split),
 ``learned gates`` (AdaPonder arms, τ = 1e-4).
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from statistics import mean
 
 from . import intervals
+from .q_choice import LEVELS, MARGIN, QChoice, choose_q
 
 REFERENCE = "ponderlm"
 #: The goals' bounds (the issue's numbers): FLOPs per answer token at most this share of ``ponderlm``'s, mean exit
@@ -101,9 +102,13 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
     ref_cells = " | ".join(str(intervals.bootstrap(_ps(ref, "difficulty"), intervals.accuracy(h))) for h in hs)
     L.append(f"| {REFERENCE} | all passes | {len(ref)} | {ref_cells} | 4.00 | 4.00 | 4.00 | 4.00 | 1.00 |")
     judged = []
+    choices = {arm: c for arm in compared if (c := choose_q(results, arm, REFERENCE)) is not None}
     for arm, runs in compared.items():
-        for name, _ in rules_of(runs[0]):
-            ds = [dict(rules_of(r))[name] for r in runs if name in dict(rules_of(r))]
+        named = [(name, [dict(rules_of(r))[name] for r in runs if name in dict(rules_of(r))])
+                 for name, _ in rules_of(runs[0])]
+        if arm in choices:  # the test split read once, at the q chosen on the development split
+            named.append((_chosen_name(choices[arm]), choices[arm].test_runs(runs)))
+        for name, ds in named:
             accs = [intervals.bootstrap([d["per_symbol"] for d in ds], intervals.accuracy(h)) for h in hs]
             ex = [mean(d["levels"][j]["mean_exit"] for d in ds) for j in range(2)]
             q, f = mean(_cls_exit(d, "query_symbol") for d in ds), mean(_cls_exit(d, "filler") for d in ds)
@@ -111,12 +116,13 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
             L.append(f"| {arm} | {name} | {len(ds)} | " + " | ".join(map(str, accs))
                      + f" | {ex[0]:.2f} | {ex[1]:.2f} | {q:.2f} | {f:.2f} | {share:.2f} |")
             judged.append((arm, name, ds, accs, ex, q, f, share))
+    L += _choice_table(choices)
     if not verdicts:
         return L + [""]
     L += ["", "### Goals\n", "| goal | numbers | verdict |", "|---|---|---|"]
     ref_iv = [intervals.bootstrap(_ps(ref, "difficulty"), intervals.accuracy(h)) for h in hs]
     for arm, runs in new.items():  # the supervision options and the draft keep two-hop accuracy
-        name, d_runs = _own_rule(runs)
+        name, d_runs = _own_rule(runs, choices.get(arm))
         diff = intervals.difference([d["per_symbol"] for d in d_runs], _ps(ref, "difficulty"), intervals.accuracy(2))
         own = intervals.bootstrap([d["per_symbol"] for d in d_runs], intervals.accuracy(2))
         inside = ref_iv[1].low <= own.mean <= ref_iv[1].high
@@ -139,11 +145,45 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
                  f"{EARLY_PASS} | accuracy " + ", ".join(f"{a.mean:.3f}" for a in accs)
                  + f" ({'inside or above' if within else 'below'}); FLOPs {share:.2f}×; exit H=1,2 {ex[0]:.2f}, "
                  f"{ex[1]:.2f}; query {q:.2f}, filler {f:.2f} | **{'met' if ok else 'not met'}** |")
+    ref_ps = _ps(ref, "difficulty")
+    for arm, name, ds, accs, ex, q, f, share in adaptive:  # the reasoning goal, judged on the differences' intervals
+        diffs = [intervals.difference([d["per_symbol"] for d in ds], ref_ps, intervals.accuracy(h)) for h in LEVELS]
+        close = all(d.low > -MARGIN for d in diffs)
+        ok = close and share <= FLOPS_SHARE and q <= EARLY_PASS and f <= EARLY_PASS
+        L.append(f"| goal: adaptive `{arm}`, {name}, within {MARGIN:.2f} of `ponderlm` at H = "
+                 f"{', '.join(map(str, LEVELS))} (difference's lower bound above −{MARGIN:.2f}) at ≤ {FLOPS_SHARE:.2f}× its "
+                 f"FLOPs per answer, query symbols and filler by pass {EARLY_PASS} | difference "
+                 + ", ".join(f"H={h}: {d}" for h, d in zip(LEVELS, diffs))
+                 + f"; FLOPs {share:.2f}×; query {q:.2f}, filler {f:.2f} | **{'met' if ok else 'not met'}** |")
     return L + [""]
 
 
-def _own_rule(runs: Sequence[Mapping]) -> tuple[str, list[Mapping]]:
-    """The rule an arm is meant to run with: Q-exit where it has halting heads, else all passes."""
+def _chosen_name(choice: QChoice) -> str:
+    return f"Q-exit (q = {choice.q}, chosen on dev)"
+
+
+def _choice_table(choices: Mapping[str, QChoice]) -> list[str]:
+    """q chosen on the development split (:mod:`.q_choice`): the differences to ``ponderlm`` there, at every q."""
+    if not choices:
+        return []
+    L = ["", "### Q-exit's q, chosen on the development split\n",
+         f"The smallest q at which the development accuracy's difference to `ponderlm` has its lower bound above "
+         f"−{MARGIN:.2f} at H = {', '.join(map(str, LEVELS))} (else the q with the highest lower bound); the test split "
+         "is then read at that q alone (the row `chosen on dev` above).\n",
+         "| arm | q | runs | " + " | ".join(f"dev difference H={h}" for h in LEVELS) + " | chosen |",
+         "|---|---:|---:|" + "---:|" * len(LEVELS) + "---|"]
+    for arm, c in choices.items():
+        for q, diffs in c.rows:
+            mark = ("**chosen**" + ("" if c.met else " (criterion not met)")) if q == c.q else ""
+            L.append(f"| {arm} | {q} | {c.runs} | " + " | ".join(map(str, diffs)) + f" | {mark} |")
+    return L
+
+
+def _own_rule(runs: Sequence[Mapping], choice: QChoice | None = None) -> tuple[str, list[Mapping]]:
+    """The rule an arm is meant to run with: Q-exit at the q chosen on the development split where there is one,
+    else Q-exit at q = 0.5 where it has halting heads, else all passes."""
+    if choice is not None:
+        return _chosen_name(choice), choice.test_runs(runs)
     name = "Q-exit (q = 0.5)" if runs[0].get("difficulty_q_exit") else "all passes"
     return name, [dict(rules_of(r))[name] for r in runs]
 
