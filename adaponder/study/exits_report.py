@@ -81,7 +81,8 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
          "Arms of docs/method.md A21–A24 beside `ponderlm`"
          + (f" and the best AdaPonder arm (`{best_adaponder(arms)}`, by two-hop accuracy)" if best_adaponder(arms)
             else "") + ". Accuracies are means over runs with 95 % intervals over runs × query symbols; FLOPs per "
-         "answer token count the gates and the pass heads (A17).\n",
+         "answer token count the gates and the pass heads (A17) of the answer tokens (the goals' measure); FLOPs per token "
+         "(all tokens) those of every token of the documents.\n",
          "### The per-pass probe\n",
          "Greedy answer of pass i (passes 1..i run, no exit), test split, mean over runs.\n",
          f"| arm | runs | pass | {head} |", "|---|---:|---:|" + "---:|" * len(hs)]
@@ -97,10 +98,12 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
     if best:
         compared[best] = arms[best]
     L += ["", "### Every exit rule\n",
-          f"| arm | rule | runs | {head} | exit H=1 | exit H=2 | query symbol | filler | FLOPs/answer × ponderlm |",
-          "|---|---|---:|" + "---:|" * len(hs) + "---:|---:|---:|---:|---:|"]
+          f"| arm | rule | runs | {head} | exit H=1 | exit H=2 | query symbol | filler | FLOPs/answer × ponderlm | "
+          "FLOPs/token (all tokens) × ponderlm |",
+          "|---|---|---:|" + "---:|" * len(hs) + "---:|---:|---:|---:|---:|---:|"]
     ref_cells = " | ".join(str(intervals.bootstrap(_ps(ref, "difficulty"), intervals.accuracy(h))) for h in hs)
-    L.append(f"| {REFERENCE} | all passes | {len(ref)} | {ref_cells} | 4.00 | 4.00 | 4.00 | 4.00 | 1.00 |")
+    L.append(f"| {REFERENCE} | all passes | {len(ref)} | {ref_cells} | 4.00 | 4.00 | 4.00 | 4.00 | 1.00 | 1.00 |")
+    ref_all = mean(float(r["difficulty"]["flops"]["total"]) for r in ref)
     judged = []
     choices = {arm: c for arm in compared if (c := choose_q(results, arm, REFERENCE)) is not None}
     for arm, runs in compared.items():
@@ -113,8 +116,9 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
             ex = [mean(d["levels"][j]["mean_exit"] for d in ds) for j in range(2)]
             q, f = mean(_cls_exit(d, "query_symbol") for d in ds), mean(_cls_exit(d, "filler") for d in ds)
             share = mean(_answer_flops(d) for d in ds) / ref_flops
+            every = mean(float(d["flops"]["total"]) for d in ds) / ref_all
             L.append(f"| {arm} | {name} | {len(ds)} | " + " | ".join(map(str, accs))
-                     + f" | {ex[0]:.2f} | {ex[1]:.2f} | {q:.2f} | {f:.2f} | {share:.2f} |")
+                     + f" | {ex[0]:.2f} | {ex[1]:.2f} | {q:.2f} | {f:.2f} | {share:.2f} | {every:.2f} |")
             judged.append((arm, name, ds, accs, ex, q, f, share))
     L += _choice_table(choices)
     if not verdicts:
