@@ -1,5 +1,5 @@
 """Decoding benchmark, eager against compiled: what the static-shape step (``RunSettings(compile=True)``,
-``adaponder.modeling.static_decoding``) buys over the eager cached decoding that ``generate()`` runs.
+``adaponder.generation.static_decoding``) buys over the eager cached decoding that ``generate()`` runs.
 
 For each shape and gate setting (random weights, gates calibrated so that 0 / 25 / 50 % of token-passes are skipped
 as in ``bench_inference.py``) it decodes greedily, side by side in one run:
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM, pythia_config  # noqa: E402
 from adaponder.modeling.run_settings import RunSettings  # noqa: E402
-from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers  # noqa: E402
+from adaponder.generation.static_decoding import StaticDecoder, decode_step, pass_buffers  # noqa: E402
 from eval.bench_inference import (DTYPES, HostSyncCounter, _byte_sizes, _sync as _sync_on,  # noqa: E402
                                   calibrate, gemv_bandwidth, set_gates)
 

@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config  # noqa: E402
-from adaponder.modeling.depth_batching import DepthBatchedDecoder  # noqa: E402
+from adaponder.generation.depth_batching import DepthBatchedDecoder  # noqa: E402
 from adaponder.modeling.run_settings import DEFAULT_TAU  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -5,8 +5,8 @@ For every model (trained checkpoints given with ``--checkpoint``, and random-wei
 ``--shapes``), batch size and dtype it decodes the same prompts greedily with
 
   (o) ordinary cached decoding — the faster of ``model.generate`` and a plain loop of cached forward calls;
-  (s) ``model.generate(..., speculative=SpeculativeConfig(draft_passes, γ))`` for every γ of ``--gammas``,
-  (p) with ``--pipelined``, ``model.generate(..., speculative="pipelined")``: the passes as a pipeline, token t + 1
+  (s) ``model.generate(..., decoding=DecodingConfig(draft=SpeculativeConfig(draft_passes, γ)))`` for every γ of ``--gammas``,
+  (p) with ``--pipelined``, ``model.generate(..., decoding=DecodingConfig(schedule="pipelined"))``: the passes as a pipeline, token t + 1
       (drafted from token t's first pass) running its passes while token t runs its later ones (row γ = P; its
       tok/cyc is tokens per tick, its bytes a tick's: the layers, W_out and W_E once, every entry's K/V),
 
@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config  # noqa: E402
-from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder  # noqa: E402
-from adaponder.modeling.run_settings import RunSettings  # noqa: E402
-from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig  # noqa: E402
+from adaponder.generation.pass_pipeline import PipelinedSpeculativeDecoder  # noqa: E402
+from adaponder.generation import DecodingConfig  # noqa: E402
+from adaponder.generation.speculative import SelfSpeculativeDecoder, SpeculativeConfig  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -154,10 +154,11 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
     if args.adaptive:  # γ adapted from --adaptive-from up to --adaptive-max (SpeculativeConfig's defaults)
         configs.append(SpeculativeConfig(args.draft_passes, args.adaptive_from, adaptive=True,
                                          max_draft_tokens=args.adaptive_max))
-    compiled = RunSettings(compile=True)
+    compiled = DecodingConfig(compile=True)
     if args.compiled:  # ordinary decoding on the compiled static step (the first call compiles, untimed)
-        model.generate(prompt, max_new_tokens=new, settings=compiled)
-        t_cord, cref = timed(lambda: model.generate(prompt, max_new_tokens=new, settings=compiled), args.repeats)
+        model.generate(prompt, max_new_tokens=new, decoding=compiled)
+        t_cord, cref = timed(lambda: model.generate(prompt, max_new_tokens=new, decoding=compiled).sequences,
+                             args.repeats)
     if args.pipelined:  # the passes as a pipeline (docs/method.md, "Pipelined decoding"), same ordinary decoding
         decoder = PipelinedSpeculativeDecoder(model)
         t_pipe, out = timed(lambda: decoder.generate(prompt, new).sequences, args.repeats)
@@ -191,15 +192,17 @@ def bench_one(model, name: str, prompt: torch.Tensor, args, dtype_name: str) -> 
                          bandwidth_speedup=ord_b / spec_b, generate_s=t_gen, plain_s=t_plain, prefill_s=t_prefill,
                          plain_steps=st.plain_steps))
         if args.compiled:  # the same speculation with compiled draft and verify steps (γ fixed when compiled)
-            run = lambda: model.generate(prompt, max_new_tokens=new, speculative=cfg, settings=compiled)  # noqa: E731
+            run = lambda: model.generate(prompt, max_new_tokens=new,  # noqa: E731
+                                         decoding=DecodingConfig(draft=cfg, compile=True))
             t0 = time.perf_counter()
             run()
             compile_s = time.perf_counter() - t0
-            t_cspec, cout = timed(run, args.repeats)
+            t_cspec, cout = timed(lambda: run().sequences, args.repeats)
+            last = run()
             rows[-1].update(compiled_ordinary_tok_s=tokens / t_cord, compiled_speculative_tok_s=tokens / t_cspec,
                             compiled_speedup=t_cord / t_cspec, compiled_over_eager_ordinary=t_ord / t_cspec,
                             compiled_same=bool(torch.equal(cout, ref) and torch.equal(cref, ref)),
-                            compiled_first_call_s=compile_s, compiled_plain_steps=model.speculative_stats.plain_steps)
+                            compiled_first_call_s=compile_s, compiled_plain_steps=last.stats.plain_steps)
         print_row(rows[-1])
     return rows
 
@@ -260,7 +263,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--compiled", action="store_true",
                     help="also compiled: ordinary decoding on the compiled static step against speculation with "
-                         "compiled draft and verify steps (RunSettings(compile=True))")
+                         "compiled draft and verify steps (DecodingConfig(draft=..., compile=True))")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise with the device)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     rows = ap.add_argument_group("rows beside the default ones (each measures one choice against the plain row)")

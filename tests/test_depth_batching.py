@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DecoderPrefill, DepthBatchedDecoder, RowPlan, TickGates, row_attention
+from adaponder.generation.depth_batching import DecoderPrefill, DepthBatchedDecoder, RowPlan, TickGates, row_attention
 from conftest import settings_for, tiny_config
 from helpers_decoding import run_with_eos
 from test_cached_inference import random_model

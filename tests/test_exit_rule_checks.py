@@ -15,12 +15,12 @@ import torch
 
 from adaponder.errors import UsageError, is_user_error
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import ExitRuleError, NoHalting, check_rule
-from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder
+from adaponder.generation.pass_pipeline import PipelinedSpeculativeDecoder
 from adaponder.modeling.run_settings import RunSettings, SettingsError
-from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig
-from adaponder.modeling.static_decoding import StaticDecoder
+from adaponder.generation.speculative import SelfSpeculativeDecoder, SpeculativeConfig
+from adaponder.generation.static_decoding import StaticDecoder
 from conftest import tiny_config
 
 

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import QExit
-from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder
+from adaponder.generation.pass_pipeline import PipelinedSpeculativeDecoder
 from adaponder.modeling.pass_step import generate_positions
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig
-from adaponder.modeling.static_decoding import StaticDecoder
+from adaponder.generation.speculative import SelfSpeculativeDecoder, SpeculativeConfig
+from adaponder.generation.static_decoding import StaticDecoder
 from conftest import tiny_config, tiny_model
 
 K = 4

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import NoHalting, QExit
 from adaponder.modeling.run_settings import LEGACY_CONFIG_KEYS, RunSettings
-from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig
+from adaponder.generation.speculative import SelfSpeculativeDecoder, SpeculativeConfig
 from adaponder.palbert.classifier import AdaPonderForSequenceClassification, PalbertConfig
 from conftest import tiny_config, tiny_model
 
@@ -89,7 +89,7 @@ def test_depth_batched_decoding(model, ids):
 
 @pytest.mark.parametrize("per_pass", [True, False], ids=["pass-by-pass", "whole-step"])
 def test_static_decoding(model, ids, per_pass):
-    from adaponder.modeling.static_decoding import StaticDecoder
+    from adaponder.generation.static_decoding import StaticDecoder
 
     res = StaticDecoder(model, RULE, per_pass=per_pass).generate(ids[:, :6], max_new_tokens=8)
     gen = res.sequences[:, 6:]

@@ -24,7 +24,7 @@ from adaponder.modeling import AdaPonderConfig, AdaPonderConfigError, AdaPonderF
 from adaponder.modeling.exit_rules import ConsistencyExit, PassView, QExit
 from adaponder.modeling.pass_heads import PassSupervision
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.speculative import SpeculativeConfig
+from adaponder.generation.speculative import SpeculativeConfig
 from adaponder.palbert.pondernet import exit_distribution, q_exit
 from conftest import tiny_config
 

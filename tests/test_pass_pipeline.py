@@ -9,11 +9,12 @@ sequence gains a token per tick once the pipeline is full, with drafts that are 
 import pytest
 import torch
 
+from adaponder.generation import DecodingConfig, GenerationRefused
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import QExit
 from adaponder.modeling.pass_driver import drive
-from adaponder.modeling.pass_pipeline import PipelinedSpeculativeDecoder, PipelineLayout
+from adaponder.generation.pass_pipeline import PipelinedSpeculativeDecoder, PipelineLayout
 from adaponder.modeling.run_settings import RunSettings
 from conftest import settings_for, tiny_config
 from helpers_decoding import run_with_eos
@@ -45,9 +46,9 @@ def test_ponderlm_with_a_draft_head_generates_what_greedy_generate_does():
         model.draft_head.fc_out.weight.normal_()  # a draft that is not pass 1's own logits
     prompts = torch.randint(0, model.config.vocab_size, (3, 9))
     ref = model.generate(prompts, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    out = model.generate(prompts, max_new_tokens=12, speculative="pipelined", pad_token_id=0)
-    assert torch.equal(out, ref)
-    st = model.speculative_stats
+    out = model.generate(prompts, max_new_tokens=12, decoding=DecodingConfig(schedule="pipelined"), pad_token_id=0)
+    assert torch.equal(out.sequences, ref)
+    st = out.stats
     assert st.rejected > 0 and st.wasted > 0  # random drafts: the drop-and-restart path ran
 
 
@@ -159,8 +160,9 @@ def test_a_trained_re_draft_head_keeps_greedy_output():
             head.fc_out.weight.normal_()
     prompts = torch.randint(0, model.config.vocab_size, (3, 8))
     ref = model.generate(prompts, max_new_tokens=14, do_sample=False, pad_token_id=0)
-    assert torch.equal(model.generate(prompts, max_new_tokens=14, speculative="pipelined"), ref)
-    assert model.speculative_stats.redrafted > 0
+    out = model.generate(prompts, max_new_tokens=14, decoding=DecodingConfig(schedule="pipelined"))
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.redrafted > 0
 
 
 @pytest.mark.parametrize("new", [1, 2])
@@ -170,9 +172,10 @@ def test_the_shortest_generations_equal_greedy(new):
     model = AdaPonderForCausalLM(tiny_config("ponderlm", passes=4, draft_head=True, redraft_head=True)).eval()
     prompts = torch.randint(0, model.config.vocab_size, (2, 7))
     ref = model.generate(prompts, max_new_tokens=new, do_sample=False, pad_token_id=0)
-    assert torch.equal(model.generate(prompts, max_new_tokens=new, speculative="pipelined"), ref)
+    out = model.generate(prompts, max_new_tokens=new, decoding=DecodingConfig(schedule="pipelined"))
+    assert torch.equal(out.sequences, ref)
     assert torch.equal(DepthBatchedDecoder(model).generate(prompts, new).sequences, ref)
-    assert model.speculative_stats.ticks == (0 if new == 1 else model.config.num_passes)
+    assert out.stats.ticks == (0 if new == 1 else model.config.num_passes)
 
 
 def test_bad_arguments_are_named():
@@ -183,7 +186,7 @@ def test_bad_arguments_are_named():
     # (Q-exit, a rule with memory, runs here: its memory is kept per entry — tests/test_exit_rule_memory.py)
     PipelinedSpeculativeDecoder(model, RunSettings(exit_rule=QExit(0.5, model.halting_heads)))
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
-    with pytest.raises(TypeError, match="greedy"):
+    with pytest.raises(GenerationRefused, match="decodes greedily"):
         model.generate(ids, max_new_tokens=3, speculative="pipelined", do_sample=True)
     mask = torch.ones_like(ids)
     mask[0, 0] = 0

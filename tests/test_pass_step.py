@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM, pythia_config
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.exit_rules import PassView, ThresholdExit
 from adaponder.modeling.pass_driver import exit_step, feed_back
 from adaponder.modeling.pass_step import first_input

@@ -10,7 +10,7 @@ import torch
 
 from adaponder.errors import is_user_error
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.input_checks import ModelInputError
 from conftest import tiny_config
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adaponder.modeling import AdaPonderForCausalLM
-from adaponder.modeling.depth_batching import DepthBatchedDecoder
+from adaponder.generation.depth_batching import DepthBatchedDecoder
 from adaponder.modeling.run_settings import RunSettings
 from conftest import run_with, settings_for
 from helpers_decoding import gated_model

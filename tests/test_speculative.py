@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from adaponder.generation import DecodingConfig
 from adaponder.modeling.run_settings import RunSettings
 
 from adaponder.modeling import AdaPonderForCausalLM, PonderCache, pythia_config
-from adaponder.modeling.speculative import SelfSpeculativeDecoder, SpeculativeConfig, warp
+from adaponder.generation.speculative import SelfSpeculativeDecoder, SpeculativeConfig, warp
 from helpers_decoding import DRAFT_OR_NOT
 
 SHAPE = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
@@ -49,9 +50,9 @@ def test_greedy_output_equals_ordinary_generate(mode, draft_passes, draft_tokens
         ref = model.generate(ids, attention_mask=mask, max_new_tokens=14, do_sample=False, settings=RunSettings(tau=TAU),
                              pad_token_id=0)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=14, settings=RunSettings(tau=TAU), pad_token_id=0,
-                             speculative=SpeculativeConfig(draft_passes, draft_tokens, adaptive, 6))
-    assert torch.equal(out, ref)
-    stats = model.speculative_stats
+                             decoding=DecodingConfig(draft=SpeculativeConfig(draft_passes, draft_tokens, adaptive, 6)))
+    assert torch.equal(out.sequences, ref)
+    stats = out.stats
     assert stats.cycles > 0 and stats.drafted > 0
     assert stats.accepted <= stats.drafted
     if adaptive:  # both ways were timed: ordinary decoding steps took part, giving the same tokens
@@ -137,7 +138,7 @@ def test_sampling_keeps_the_models_distribution(mode):
 
 
 def test_the_adaptive_schedule_decodes_the_faster_way_and_probes_the_other():
-    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
+    from adaponder.generation.way_choice import FIRST_LOOK, WayChooser
 
     chooser = WayChooser(("draft", "plain"), probe_every=4, device=torch.device("cpu"))
     cost = {"draft": 0.02, "plain": 0.01}
@@ -158,7 +159,7 @@ def test_a_probe_takes_over_only_when_clearly_faster(probe_cost, switches):
     """One timing of the other way that beats the median of the way in use by less than the margin does not
     switch (nor does a slow first call of the way in use let it); a clearly faster one does, and the probe
     interval starts again."""
-    from adaponder.modeling.way_choice import FIRST_LOOK, MARGIN, WayChooser
+    from adaponder.generation.way_choice import FIRST_LOOK, MARGIN, WayChooser
 
     assert FIRST_LOOK == 3 and 0.8 < 1 - MARGIN < 0.95
     chooser = WayChooser(("draft", "plain"), probe_every=2, device=torch.device("cpu"))
@@ -175,7 +176,7 @@ def test_a_ways_cost_is_measured_at_its_current_setting():
     """A draft length's cost is not averaged with another's (the window starts again when the setting changes),
     yet every run counts toward the first look at the other way, so a draft length that keeps changing cannot put
     ordinary decoding's first timing off for ever."""
-    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
+    from adaponder.generation.way_choice import FIRST_LOOK, WayChooser
 
     chooser = WayChooser(("draft", "plain"), probe_every=100, device=torch.device("cpu"))
     for gamma, cost in zip((2, 4, 8), (3.0, 2.0, 1.0)):
@@ -191,7 +192,7 @@ def test_a_way_the_caller_does_not_run_is_neither_in_use_nor_judged():
     """Where the caller runs ordinary decoding instead of the draft it was asked for (drafting cannot pay yet),
     nothing is in use: the draft is asked for again at the next step, and once run it is the way in use; a probe
     the caller does not run counts as lost (the next one waits twice as long)."""
-    from adaponder.modeling.way_choice import FIRST_LOOK, WayChooser
+    from adaponder.generation.way_choice import FIRST_LOOK, WayChooser
 
     chooser = WayChooser(("draft", "plain"), probe_every=2, device=torch.device("cpu"))
     for _ in range(3):
@@ -216,9 +217,9 @@ def adaptive_speculation(exit_rule, new_tokens, **config):
         ref = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, settings=settings,
                              pad_token_id=0)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, settings=settings, pad_token_id=0,
-                             speculative=SpeculativeConfig(1, 2, adaptive=True, **config))
-    assert torch.equal(out, ref)
-    return model.speculative_stats
+                             decoding=DecodingConfig(draft=SpeculativeConfig(1, 2, adaptive=True, **config)))
+    assert torch.equal(out.sequences, ref)
+    return out.stats
 
 
 @DRAFT_OR_NOT
@@ -246,5 +247,5 @@ def test_bad_settings_are_named():
         SelfSpeculativeDecoder(make("ponderlm"), SpeculativeConfig(draft_passes=3))
     with pytest.raises(ValueError, match="needs a looped model"):
         SelfSpeculativeDecoder(AdaPonderForCausalLM(pythia_config("tiny", mode="vanilla", vocab_size=97, **SHAPE)))
-    with pytest.raises(TypeError, match="speculative generation takes"):
+    with pytest.raises(TypeError, match=r"DecodingConfig\(draft=SpeculativeConfig\(...\)\) takes attention_mask"):
         make("ponderlm").generate(torch.ones(1, 3, dtype=torch.long), num_beams=2, speculative=SpeculativeConfig())

@@ -1,4 +1,4 @@
-"""Static-shape decoding (adaponder.modeling.static_decoding): the eager static step equals generate() in every mode,
+"""Static-shape decoding (adaponder.generation.static_decoding): the eager static step equals generate() in every mode,
 the compiled step equals the eager one, the static cache equals the dynamic one, no host read happens inside a
 step, and compilation is not repeated while halting varies."""
 
@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaponder.generation import DecodingConfig
 from adaponder.modeling import AdaPonderConfig, AdaPonderForCausalLM
 from adaponder.modeling.pass_step import generate_positions
 from adaponder.modeling.ponder_cache import PonderCache
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.static_decoding import StaticDecoder, decode_step, pass_buffers
+from adaponder.generation.static_decoding import StaticDecoder, decode_step, pass_buffers
 from helpers_decoding import record_host_reads
 
 SHAPE = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2,
@@ -66,11 +67,13 @@ def test_the_compiled_step_decodes_as_the_eager_one(decoded):
     torch._dynamo.reset()
     model, _, static = decoded
     ids, mask = _prompts()
-    # the one switch: generate() with RunSettings(compile=True)
-    sequences = model.generate(ids, attention_mask=mask, max_new_tokens=10, settings=TAU.replace(compile=True))
-    assert torch.equal(sequences, static.sequences)
-    assert torch.equal(model.static_exit_pass, static.exit_pass)
-    compiled = model._static_decoder.generate(ids, mask, 10, output_logits=True)  # the same compiled step again
+    # the one switch: generate() with DecodingConfig(compile=True), and its older spelling
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=10, settings=TAU, decoding=DecodingConfig(compile=True))
+    assert torch.equal(out.sequences, static.sequences)
+    assert torch.equal(out.exit_pass, static.exit_pass)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=10, settings=TAU.replace(compile=True)),
+                       static.sequences)
+    compiled = StaticDecoder(model, TAU.replace(compile=True)).generate(ids, mask, 10, output_logits=True)
     torch.testing.assert_close(compiled.logits, static.logits, rtol=1e-5, atol=1e-5)
 
 

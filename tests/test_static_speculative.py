@@ -1,4 +1,4 @@
-"""Self-speculative decoding on the static cache (adaponder.modeling.static_speculative): the eager draft and verify
+"""Self-speculative decoding on the static cache (adaponder.generation.static_speculative): the eager draft and verify
 steps give generate()'s greedy tokens in every looped mode, with halting, left padding and batch 3; compiled, the
 same tokens from one graph per draft step and one per verification, compiled once; neither step reads the host."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaponder.generation import DecodingConfig, GenerationRefused
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.speculative import SpeculativeConfig
-from adaponder.modeling.static_decoding import StaticDecoder, pass_buffers
-from adaponder.modeling.static_speculative import StaticSpeculativeDecoder, draft_step, verify_step
+from adaponder.generation.speculative import SpeculativeConfig
+from adaponder.generation.static_decoding import StaticDecoder, pass_buffers
+from adaponder.generation.static_speculative import StaticSpeculativeDecoder, draft_step, verify_step
 from helpers_decoding import DRAFT_OR_NOT, StopAfterPassOne, record_host_reads
 from test_static_decoding import TAU, _model, _prompts  # the same models and prompts as static decoding
 
@@ -40,11 +41,12 @@ def test_the_compiled_draft_and_verify_decode_as_the_eager_ones_and_compile_once
     ids, mask = _prompts()
     config = SpeculativeConfig(1, 4)
     eager = StaticSpeculativeDecoder(model, config, TAU).generate(ids, mask, 40)
-    # the one switch: generate(speculative=...) with RunSettings(compile=True)
-    compiled = model.generate(ids, attention_mask=mask, max_new_tokens=40, speculative=config,
-                              settings=TAU.replace(compile=True))
+    # the one switch: generate(decoding=DecodingConfig(draft=..., compile=True))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=40, settings=TAU,
+                         decoding=DecodingConfig(draft=config, compile=True))
+    compiled = out.sequences
     assert torch.equal(compiled, eager)
-    assert model.speculative_stats.cycles >= 10
+    assert out.stats.cycles >= 10
     graphs = counters["stats"]["unique_graphs"]
     assert 1 <= graphs <= 2  # one draft graph and one verification graph, whatever the halting and acceptance
     other = torch.randint(3, 97, (3, 9), generator=torch.Generator().manual_seed(7))
@@ -68,7 +70,7 @@ def test_draft_and_verify_steps_read_nothing_back_to_the_host(monkeypatch):
         token, *state = draft_step(model, TAU, buffers, key_ok, ids[:, -1], torch.tensor([9]), torch.full((3,), 9), 1)
         block = torch.stack([ids[:, -1], token], 1)
         token2, *state2 = draft_step(model, TAU, buffers, key_ok, token, torch.tensor([10]), torch.full((3,), 10), 1)
-        flat = [torch.stack([a, b], 1).flatten(0, 1) for a, b in zip(state, state2)]
+        flat = [None if a is None else torch.stack([a, b], 1).flatten(0, 1) for a, b in zip(state, state2)]
         targets, exits = verify_step(model, TAU, buffers, key_ok, block, torch.tensor([9, 10]),
                                      torch.tensor([[9, 10]] * 3), *flat, 1)
     monkeypatch.undo()
@@ -123,7 +125,8 @@ def test_static_adaptive_speculation_starts_once_two_positions_are_decoded(exit_
 def test_compiled_speculation_is_greedy_and_names_what_it_does_not_take():
     model = _model("adaponder")
     ids, _ = _prompts()
-    with pytest.raises(TypeError, match="compiled self-speculative decoding .* is greedy"):
+    with pytest.raises(GenerationRefused, match="compiled steps decode greedily; nearest that works: "
+                                                "DecodingConfig\\(draft=SpeculativeConfig\\(...\\)\\) \\(no padding, sampling\\)"):
         model.generate(ids, max_new_tokens=4, do_sample=True, speculative=SpeculativeConfig(1, 2),
                        settings=TAU.replace(compile=True))
 

@@ -28,7 +28,7 @@ Model arguments (``--model_args k=v,...``):
   Every forward of the model (scoring and generation) runs with these settings (``RunSettings``).
 * ``pruning_seed``: seed of the fixed-pruning draws.
 * ``speculative_draft_tokens`` γ (default: off) and ``speculative_draft_passes`` P (default 1): generation tasks
-  decode self-speculatively (:mod:`adaponder.modeling.speculative`; the same greedy output). The halting summary
+  decode self-speculatively (:mod:`adaponder.generation.speculative`; the same greedy output). The halting summary
   then counts the prompts' positions only: drafts and verifications run the passes without the forward hook.
 * ``batch_size``, ``dtype`` (default ``auto``: the checkpoint's), ``device`` (default: cuda if available),
   and any other ``HFLM`` argument (``max_length``, …).
@@ -63,7 +63,7 @@ from .perplexity import load_documents, score_documents
 from .pruning import FIXED_RULES
 from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import RunSettings
-from adaponder.modeling.speculative import SpeculativeConfig
+from adaponder.generation import DecodingConfig, SpeculativeConfig
 
 from .settings import (check_exit_rule, recurrence_overrides, require_finite_weights, require_readable_weights,
                        settings_of)
@@ -225,11 +225,14 @@ class AdaPonderLM(HFLM):
         sequences afterwards, as it does after ``generate``'s own stopping criteria (which only stop early)."""
         temperature = float(kw.pop("temperature", 0.0) or 0.0)
         do_sample = bool(kw.pop("do_sample", temperature > 0))
-        return self.model.generate(context, attention_mask=kw.pop("attention_mask", None),
-                                   max_new_tokens=max(1, max_length - context.shape[1]), do_sample=do_sample,
-                                   temperature=temperature if do_sample else 1.0, top_k=kw.pop("top_k", None),
-                                   top_p=kw.pop("top_p", None), pad_token_id=self.tokenizer.pad_token_id,
-                                   speculative=self.speculative, settings=self.run_settings)
+        sampling = dict(do_sample=True, temperature=temperature, top_k=kw.pop("top_k", None),
+                        top_p=kw.pop("top_p", None)) if do_sample else {}
+        out = self.model.generate(context, attention_mask=kw.pop("attention_mask", None),
+                                  max_new_tokens=max(1, max_length - context.shape[1]),
+                                  pad_token_id=self.tokenizer.pad_token_id, settings=self.run_settings,
+                                  decoding=DecodingConfig(draft=self.speculative), **sampling)
+        self.speculative_stats = out.stats
+        return out.sequences
 
     # -- summary --------------------------------------------------------------------------------------
     def reset_halting_stats(self) -> None:

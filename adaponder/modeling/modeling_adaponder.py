@@ -28,15 +28,11 @@ from .input_checks import (ModelInputError, TokenIdError, check_generation_lengt
                            check_token_ids)
 from .pass_driver import run_passes
 from .pass_heads import HALTING_INIT_BIAS, DraftHead, PassHeads, PassSupervision, pass_supervision_losses
-from .pass_pipeline import PipelinedSpeculativeDecoder
 from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input
 from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
 from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
-from .speculative import SelfSpeculativeDecoder, pad_after_eos
-from .static_decoding import StaticDecoder
-from .static_speculative import StaticSpeculativeDecoder
 
 
 @dataclass
@@ -267,20 +263,14 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
         return logits, lm_loss
 
-    def generate(self, inputs: torch.Tensor | None = None, *args, speculative=None, **kwargs):
-        """``GenerationMixin.generate`` after :meth:`forward`'s input checks, and a check that the prompt plus
-        the tokens asked for fit the positions: transformers' own code would index an empty prompt, or embed an
-        id outside the vocabulary, before any forward runs, and would decode past the positions silently.
+    def generate(self, inputs: torch.Tensor | None = None, *args, decoding=None, speculative=None, **kwargs):
+        """transformers' ``generate`` after :meth:`forward`'s input checks and a check that the prompt plus the tokens
+        asked for fit the positions (transformers' own code would index an empty prompt, or embed an id outside the
+        vocabulary, before any forward runs, and would decode past the positions silently).
 
-        ``speculative=SpeculativeConfig(draft_passes=P, draft_tokens=γ)`` decodes self-speculatively instead
-        (:mod:`.speculative`: draft with the first P passes, verify with the rest): the same tokens greedily, the
-        same distribution when sampling. It takes ``attention_mask``, ``max_new_tokens``, ``do_sample``,
-        ``temperature``, ``top_k``, ``top_p``, ``eos_token_id``, ``pad_token_id``, ``settings`` and ``generator``.
-        ``settings`` (:class:`~.run_settings.RunSettings`) reach every forward of the call.
-        ``speculative="pipelined"`` runs the passes as a pipeline instead (:mod:`.pass_pipeline`: token t + 1, drafted
-        from token t's first pass, starts its passes while token t runs its later ones): greedy, equal-length prompts
-        without padding; it takes ``attention_mask`` (all ones), ``max_new_tokens``, ``eos_token_id``,
-        ``pad_token_id`` and ``settings``, and leaves its counts in ``self.speculative_stats``."""
+        ``decoding=DecodingConfig(...)`` (:mod:`adaponder.generation`, which this file does not ship) chooses another
+        schedule, a draft or compiled steps, and returns a ``GenerationOutput``. ``speculative=`` and
+        ``settings=RunSettings(compile=True)`` are its older spellings and still return the sequences alone."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor):
             self._check_inputs(ids, None, None, None)
@@ -288,89 +278,15 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
             check_generation_length(self.config.max_position_embeddings, ids.shape[-1],
                                     kwargs.get("max_new_tokens", gen.max_new_tokens),
                                     kwargs.get("max_length", gen.max_length), self.config.num_pauses + 1)
-        if speculative is not None:
-            return self._generate_speculative(ids, speculative, *args, **kwargs)
         settings = kwargs.get("settings")
-        if isinstance(settings, RunSettings) and settings.compile:
-            return self._generate_static(ids, *args, **kwargs)
-        return super().generate(inputs, *args, **kwargs)
-
-    def _generate_static(self, ids, *args, **kwargs):
-        """Greedy decoding on the compiled static-shape step (``RunSettings(compile=True)``, :mod:`.static_decoding`):
-        the tokens of ``generate(do_sample=False)``; returns the sequences (exit passes in ``self.static_exit_pass``).
-        The decoder, and with it the compiled step, is kept on the model for the next call."""
-        taken = ("attention_mask", "max_new_tokens", "do_sample", "eos_token_id", "pad_token_id")
-        other = sorted(set(kwargs) - set(taken) - {"input_ids", "settings"})
-        if args or other or kwargs.get("do_sample"):
-            got = "positional arguments" if args else ", ".join(other) or "do_sample=True"
-            raise TypeError(f"compiled generation (RunSettings(compile=True)) is greedy and takes "
-                            f"{', '.join(t for t in taken if t != 'do_sample')} and settings; got {got}")
-        gen = self.generation_config
-        eos = kwargs.get("eos_token_id", gen.eos_token_id)
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        settings = kwargs["settings"]
-        decoder = getattr(self, "_static_decoder", None)
-        if decoder is None or decoder.settings != settings:
-            decoder = self._static_decoder = StaticDecoder(self, settings)
-        new = kwargs.get("max_new_tokens") or gen.max_new_tokens or 20
-        out = decoder.generate(ids, kwargs.get("attention_mask"), new, eos_token_id=eos,
-                               pad_token_id=kwargs.get("pad_token_id", gen.pad_token_id))
-        self.static_exit_pass = out.exit_pass
-        return out.sequences
-
-    def _generate_speculative(self, ids, speculative, *args, **kwargs):
-        taken = ("attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
-                 "pad_token_id", "generator")
-        other = sorted(set(kwargs) - set(taken) - {"input_ids", "settings"})
-        if args or other:
-            raise TypeError(f"speculative generation takes {', '.join(taken)} and settings; "
-                            f"got {', '.join(other) or 'positional arguments'}")
-        gen = self.generation_config
-        kwargs.setdefault("max_new_tokens", gen.max_new_tokens or 20)
-        kwargs.setdefault("eos_token_id", gen.eos_token_id)
-        kwargs.setdefault("pad_token_id", gen.pad_token_id)
-        if isinstance(kwargs["eos_token_id"], (list, tuple)):
-            kwargs["eos_token_id"] = kwargs["eos_token_id"][0] if kwargs["eos_token_id"] else None
-        settings = kwargs.pop("settings", None)
-        kwargs.pop("input_ids", None)
-        if isinstance(speculative, str):
-            return self._generate_pipelined(ids, speculative, settings, kwargs)
-        if isinstance(settings, RunSettings) and settings.compile:  # draft and verify as compiled static steps
-            if kwargs.get("do_sample") or any(kwargs.get(k) is not None for k in ("temperature", "top_k", "top_p",
-                                                                                   "generator")):
-                raise TypeError("compiled self-speculative decoding (RunSettings(compile=True)) is greedy: "
-                                "do_sample, temperature, top_k, top_p and generator are not taken")
-            decoder = getattr(self, "_static_speculative", None)
-            if decoder is None or decoder.settings != settings or decoder.config != speculative:
-                decoder = self._static_speculative = StaticSpeculativeDecoder(self, speculative, settings)
-            out = decoder.generate(ids, kwargs.get("attention_mask"), kwargs["max_new_tokens"],
-                                   kwargs["eos_token_id"], kwargs["pad_token_id"])
-            self.speculative_stats = decoder.stats
-            return out
-        decoder = SelfSpeculativeDecoder(self, speculative, settings=settings)
-        out = decoder.generate(ids, **kwargs)
-        self.speculative_stats = decoder.stats
-        return out
-
-    def _generate_pipelined(self, ids, speculative: str, settings, kwargs):
-        """``generate(speculative="pipelined")``: :class:`~.pass_pipeline.PipelinedSpeculativeDecoder`."""
-        if speculative != "pipelined":
-            raise ValueError(f"speculative={speculative!r}: the named way is 'pipelined' (or give a SpeculativeConfig)")
-        sampled = [k for k in ("temperature", "top_k", "top_p", "generator") if kwargs.get(k) is not None]
-        if kwargs.get("do_sample") or sampled:
-            raise TypeError(f"pipelined decoding is greedy: {', '.join(sampled) or 'do_sample=True'} is not taken")
-        mask = kwargs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            raise ValueError("pipelined decoding takes equal-length prompts without padding: attention_mask has zeros")
-        if isinstance(settings, RunSettings) and settings.compile:
-            raise ValueError("pipelined decoding runs eagerly: RunSettings(compile=True) is not taken")
-        decoder = PipelinedSpeculativeDecoder(self, settings)
-        out = decoder.generate(ids, kwargs["max_new_tokens"], kwargs["eos_token_id"])
-        self.speculative_stats = decoder.stats
-        length = ids.shape[1]
-        new = pad_after_eos(out.sequences[:, length:], kwargs["eos_token_id"], kwargs["pad_token_id"])
-        return torch.cat([ids, new], dim=1)
+        if decoding is None and speculative is None and not getattr(settings, "compile", False):
+            return super().generate(inputs, *args, **kwargs)
+        try:
+            from adaponder.generation import generate_with
+        except ImportError:  # a checkpoint loaded with trust_remote_code where adaponder is not installed
+            raise ValueError("decoding=, speculative= and RunSettings(compile=True) need the adaponder package "
+                             "(pip install adaponder); without it generate() is transformers' own") from None
+        return generate_with(self, ids, args, decoding=decoding, speculative=speculative, **kwargs)
 
     # -- pieces of the pass loop ---------------------------------------------------------------
     def _check_inputs(self, input_ids, inputs_embeds, labels, shift_labels, past: int = 0) -> None:
