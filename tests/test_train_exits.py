@@ -88,3 +88,19 @@ def test_exit_rate_ramps_from_s0_to_s1():
     assert exit_rate(15, s0=10, s1=20) == pytest.approx(0.5)
     assert exit_rate(20, s0=10, s1=20) == 1.0 and exit_rate(99, s0=10, s1=20) == 1.0
     assert exit_rate(10, s0=10, s1=10) == 1.0
+
+
+def test_sampled_exits_need_a_per_pass_exit_distribution_and_leave_other_fingerprints_alone():
+    from adaponder.train.config import TrainConfigError, load_config
+    from conftest import REPO
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    with pytest.raises(TrainConfigError) as info:
+        load_config(tiny, ["model.mode=ponderlm", "schedule.train_exits=sampled"])
+    assert "schedule.train_exits" in str(info.value)
+    heads = ["model.mode=ponderlm", "model.halting_heads=true", "schedule.per_pass=pondernet"]
+    cfg = load_config(tiny, heads + ["schedule.train_exits=sampled"])
+    assert cfg.schedule.train_exits == "sampled"
+    plain = load_config(tiny, heads)
+    assert load_config(tiny, heads + ["schedule.train_exits=none"]).fingerprint() == plain.fingerprint()
+    assert cfg.fingerprint() != plain.fingerprint()
