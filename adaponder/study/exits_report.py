@@ -158,7 +158,9 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
                  f"{', '.join(map(str, LEVELS))} (difference's lower bound above −{MARGIN:.2f}) at ≤ {FLOPS_SHARE:.2f}× its "
                  f"FLOPs per answer, query symbols and filler by pass {EARLY_PASS} | difference "
                  + ", ".join(f"H={h}: {d}" for h, d in zip(LEVELS, diffs))
-                 + f"; FLOPs {share:.2f}×; query {q:.2f}, filler {f:.2f} | **{'met' if ok else 'not met'}** |")
+                 + f"; FLOPs {share:.2f}×; query {q:.2f}, filler {f:.2f}; Spearman(difficulty, exit pass) "
+                 f"{intervals.bootstrap([d['per_symbol'] for d in ds], intervals.spearman)} | "
+                 f"**{'met' if ok else 'not met'}** |")
     return L + [""]
 
 
