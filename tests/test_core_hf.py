@@ -30,7 +30,8 @@ def test_save_load_in_process_without_adaponder(tmp_path):
     ids = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(ids, use_cache=False).logits
-    torch.save({"ids": ids, "logits": expected}, tmp_path / "io.pt")
+        greedy = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    torch.save({"ids": ids, "logits": expected, "greedy": greedy}, tmp_path / "io.pt")
     script = textwrap.dedent(f"""
         import sys
         sys.modules["adaponder"] = None  # any import of adaponder now fails
@@ -42,6 +43,15 @@ def test_save_load_in_process_without_adaponder(tmp_path):
         with torch.no_grad():
             out = model(io["ids"], use_cache=False)
         torch.testing.assert_close(out.logits, io["logits"], rtol=0, atol=0)
+        with torch.no_grad():  # transformers' own generate, on the cached forward the checkpoint carries
+            assert torch.equal(model.generate(io["ids"], max_new_tokens=6, do_sample=False, pad_token_id=0),
+                               io["greedy"])
+        try:
+            model.generate(io["ids"], max_new_tokens=2, decoding=object())
+        except ValueError as err:
+            assert "need the adaponder package" in str(err), err
+        else:
+            raise AssertionError("decoding= without adaponder was not refused")
         print("OK", type(model).__module__, float(out.exit_pass.float().mean()))
     """)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin",
@@ -49,6 +59,20 @@ def test_save_load_in_process_without_adaponder(tmp_path):
     res = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.startswith("OK transformers_modules")
+
+
+def test_a_checkpoint_ships_the_model_alone(tmp_path):
+    """The configuration, the forward and what it needs: at most 12 Python files and 3,000 lines, no decoder."""
+    AdaPonderForCausalLM(tiny_config("adaponder")).save_pretrained(tmp_path)
+    files = sorted(tmp_path.glob("*.py"))
+    lines = sum(len(f.read_text().splitlines()) for f in files)
+    assert len(files) <= 12 and lines <= 3000, (len(files), lines, [f.name for f in files])
+    shipped = "\n".join(f.read_text() for f in files)
+    for decoder in ("class StaticDecoder", "class DepthBatchedDecoder", "class SelfSpeculativeDecoder",
+                    "class StaticSpeculativeDecoder", "class PipelinedSpeculativeDecoder", "class WayChooser"):
+        assert decoder not in shipped
+    dispatch = (tmp_path / "modeling_adaponder.py").read_text().split("    def generate(")[1].split("\n    def ")[0]
+    assert len(dispatch.splitlines()) <= 30
 
 
 def test_from_pretrained_round_trip_in_process(tmp_path):

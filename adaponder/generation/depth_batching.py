@@ -49,7 +49,8 @@ from ..modeling.exit_rules import PassView
 from ..modeling.input_checks import check_generation_length
 from ..modeling.pass_driver import drive
 from ..modeling.pass_step import first_input
-from ..modeling.ponder_cache import PonderCache, starts_at
+from ..modeling.ponder_cache import PonderCache
+from .static_cache import cache_over, new_static_kv, starts_at
 from ..modeling.run_settings import RunSettings, settings_or_default
 
 
@@ -281,12 +282,7 @@ class DepthBatchedDecoder:
         of keys and values) for the prefill to fill: decoding then starts without copying the values (the keys are
         copied once, transposed: :meth:`prepare`). Lockstep decoding (the cached ``forward``) can use it too while it
         has room."""
-        cfg = self.model.config
-        heads = cfg.num_attention_heads
-        shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
-        param = next(self.model.parameters())
-        device = param.device if device is None else device
-        return PonderCache.with_buffers(torch.empty(shape, dtype=param.dtype, device=device))
+        return cache_over(new_static_kv(self.model, batch, capacity, device))
 
     def _layout(self, cache: PonderCache, capacity: int) -> torch.Tensor | None:
         """The ``[layers, 2, K, B, heads, capacity, hd]`` tensor holding the prefill's K/V when the cache came from

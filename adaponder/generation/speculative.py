@@ -151,6 +151,14 @@ class DecodedDepth:
         return depth / (P + max(depth - P, 0.0) / gamma) >= config.min_gain
 
 
+def truncate(cache: PonderCache, length: int) -> None:
+    """Keep the first ``length`` positions of every (pass, layer) of ``cache`` (a rejected speculative block is
+    dropped); the room behind them stays reserved, so the next append writes in place."""
+    for layer in cache.layers:
+        if layer.is_initialized and layer.get_seq_length() > length:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
 def pad_after_eos(new: torch.Tensor, eos_token_id: int | None, pad_token_id: int | None) -> torch.Tensor:
     """``new`` ``[B, n]`` with every token after a row's first ``eos_token_id`` set to ``pad_token_id`` (default: the
     eos id), as transformers' ``generate`` pads finished rows."""
@@ -302,7 +310,7 @@ class SelfSpeculativeDecoder:
         keep, correction, accepted = self._accept(drafts, torch.stack(draft_logp, 1), full_logp)  # 3. accept
         advance = int(keep.min())
         new = torch.where(torch.arange(gamma, device=drafts.device)[None] == keep[:, None] - 1, correction, drafts)
-        cache.truncate(n + advance)
+        truncate(cache, n + advance)
         self._exits.append(exits[:, :advance])
         self.stats.cycles += 1
         self.stats.drafted += drafts.numel()

@@ -2,7 +2,7 @@
 turn into one graph (one CUDA graph with ``mode="reduce-overhead"``).
 
 The cache is one preallocated tensor ``[layers, 2, K, B, heads, capacity, head_dim]`` (the depth-batched decoder's
-layout, which the cached prefill fills in place: :meth:`PonderCache.with_buffers`). A decode step writes each row's
+layout, which the cached prefill fills in place: :mod:`.static_cache`). A decode step writes each row's
 new K/V at one slot (a device tensor, so the step's shapes never change) and attends over the whole capacity under a
 mask of the slots filled so far; nothing grows or is concatenated.
 
@@ -28,8 +28,8 @@ import torch
 from ..modeling.exit_rules import PassView
 from ..modeling.pass_driver import drive
 from ..modeling.pass_step import first_input, generate_positions
-from ..modeling.ponder_cache import PonderCache
 from ..modeling.run_settings import RunSettings, settings_or_default
+from .static_cache import cache_over, new_static_kv, pass_buffers
 from .way_choice import WayChooser
 
 #: Static caches are sized in multiples of this many positions, so that prompts and generations of nearby lengths
@@ -43,15 +43,6 @@ PROBE_EVERY = 32
 
 #: Compiled graphs kept per step function (dynamo's ``recompile_limit`` while a compiled step runs).
 RECOMPILE_LIMIT = 64
-
-
-def pass_buffers(kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The keys and values of every (layer, pass) of a static cache ``[L, 2, K, B, heads, capacity, hd]`` as separate
-    ``[B, heads, capacity, hd]`` views, layer-major: ``buffers[2·(l·K + p) + j]`` (``j`` 0: keys, 1: values). A
-    compiled step writes into each of them in place; written through views of the one cache tensor, inductor would
-    copy the whole cache back at every write."""
-    L, _, K = kv.shape[:3]
-    return tuple(kv[layer, j, p] for layer in range(L) for p in range(K) for j in range(2))
 
 
 class StaticKV:
@@ -270,11 +261,7 @@ class StaticDecoder:
         return model.lm_head(state.h_hat), state.exit_pass
 
     def new_cache(self, batch: int, capacity: int, device=None) -> torch.Tensor:
-        cfg = self.model.config
-        heads = cfg.num_attention_heads
-        param = next(self.model.parameters())
-        shape = (cfg.num_hidden_layers, 2, cfg.num_passes, batch, heads, capacity, cfg.hidden_size // heads)
-        return torch.zeros(shape, dtype=param.dtype, device=param.device if device is None else device)
+        return new_static_kv(self.model, batch, capacity, device)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, need: int):
         """The prompt through the eager cached forward into a new static cache of at least ``need`` positions
@@ -291,7 +278,7 @@ class StaticDecoder:
         kv = self.new_cache(batch, capacity, input_ids.device)
         positions = generate_positions(attention_mask, 0, length)
         out = model(input_ids, attention_mask=attention_mask, position_ids=positions,
-                    cache=PonderCache.with_buffers(kv), use_cache=True, logits_to_keep=1,
+                    cache=cache_over(kv), use_cache=True, logits_to_keep=1,
                     settings=self.settings.replace(compile=False))
         key_ok = torch.zeros(batch, capacity, dtype=torch.bool, device=input_ids.device)
         key_ok[:, :length] = attention_mask.bool()

@@ -23,16 +23,19 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .attention import causal_slot_mask
 from .backbone import AdaPonderPreTrainedModel, PauseEmbeddings, PythiaBackbone, from_backbone
 from .configuration_adaponder import AdaPonderConfig
-from .cost import CostAccounting
 from .input_checks import (ModelInputError, TokenIdError, check_generation_length, check_input_kind, check_positions,
                            check_token_ids)
 from .pass_driver import run_passes
 from .pass_heads import HALTING_INIT_BIAS, DraftHead, PassHeads, PassSupervision, pass_supervision_losses
-from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input
-from .pass_step import ponder_loss  # noqa: F401  (importable from here, as before the pass step had its module)
+from .pass_step import GateWarmup, PassContext, PassRun, PonderGate, SkinnyLinear, first_input, ponder_loss  # noqa: F401
 from .ponder_cache import KVAligner, PonderCache, TokenSubset
 from .pondering import linear_cross_entropy, pondering_from_hidden
 from .run_settings import LEGACY_CONFIG_KEYS, RunSettings, settings_or_default
+
+try:  # FLOPs accounting (A17, flops_per_token) where adaponder is installed; a checkpoint's copy alone has none
+    from adaponder.modeling.cost import CostAccounting
+except ImportError:
+    CostAccounting = type("CostAccounting", (), {})
 
 
 @dataclass
@@ -265,12 +268,11 @@ class AdaPonderForCausalLM(CostAccounting, AdaPonderPreTrainedModel, GenerationM
 
     def generate(self, inputs: torch.Tensor | None = None, *args, decoding=None, speculative=None, **kwargs):
         """transformers' ``generate`` after :meth:`forward`'s input checks and a check that the prompt plus the tokens
-        asked for fit the positions (transformers' own code would index an empty prompt, or embed an id outside the
-        vocabulary, before any forward runs, and would decode past the positions silently).
-
-        ``decoding=DecodingConfig(...)`` (:mod:`adaponder.generation`, which this file does not ship) chooses another
-        schedule, a draft or compiled steps, and returns a ``GenerationOutput``. ``speculative=`` and
-        ``settings=RunSettings(compile=True)`` are its older spellings and still return the sequences alone."""
+        asked for fit the positions (transformers' own would index an empty prompt, or embed an id outside the
+        vocabulary, before any forward, and decode past the positions silently). ``decoding=DecodingConfig(...)``
+        (:mod:`adaponder.generation`, not shipped with checkpoints) picks a schedule, a draft or compiled steps and
+        returns a ``GenerationOutput``; ``speculative=`` and ``RunSettings(compile=True)`` are older spellings of it
+        that still return the sequences alone."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if isinstance(ids, torch.Tensor):
             self._check_inputs(ids, None, None, None)

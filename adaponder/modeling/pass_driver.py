@@ -17,12 +17,16 @@ from typing import Protocol
 
 import torch
 
-from .compaction_choice import CompactionChoice, start_timer, stop_timer
-from .exit_rules import ExitRule, PassView, rule_answer
+from .exit_protocol import ExitRule, PassView, rule_answer
 from .pass_step import GateWarmup, PassContext, PassRun
 from .ponder_cache import KVAligner, TokenSubset
 from .pondering import pondering_from_logits
 from .run_settings import RunSettings
+
+try:  # compact="auto" measures where adaponder is installed; a checkpoint's copy alone compacts (same results, A16)
+    from adaponder.modeling.compaction_choice import CompactionChoice, start_timer, stop_timer
+except ImportError:
+    CompactionChoice = None
 
 
 def exit_step(rule: ExitRule, view: PassView, last: bool | torch.Tensor = False) -> torch.Tensor:
@@ -138,7 +142,8 @@ class GridLayout:
         self.last = self.K if last is None else min(last, self.K)
         self.compact_ok = bool(settings.compact) and ctx.impl != "flash_attention_2" and not torch.is_grad_enabled()
         # "auto": compaction or a dense masked pass, whichever the measurements say is faster at this grid size
-        self.choice = compaction_choice(core) if self.compact_ok and settings.compact == "auto" else None
+        self.choice = compaction_choice(core) if self.compact_ok and settings.compact == "auto" and \
+            CompactionChoice is not None else None
         self.timer = None  # (started, compacted) while the pass is being measured
         self.run = PassRun.start(ctx) if run is None else run
         self.n_valid = ctx.valid.sum().clamp(min=1)
@@ -268,7 +273,7 @@ class GridLayout:
         return _unflatten(flat, self.run.subset, self.ctx.batch, self.ctx.length)
 
 
-def compaction_choice(core) -> CompactionChoice:
+def compaction_choice(core) -> "CompactionChoice":
     """The model's compaction measurements (kept on the model: every call at a grid size refines them)."""
     choice = getattr(core, "_compaction_choice", None)
     if choice is None:

@@ -95,21 +95,7 @@ class PonderCache(Cache):
         super().__init__(layers=[GrowingLayer() for _ in range(num_passes * num_layers)])
         self.num_passes = num_passes
         self.num_layers = num_layers
-        self.pass_buffers: torch.Tensor | None = None  # see with_buffers
-
-    @classmethod
-    def with_buffers(cls, kv: torch.Tensor) -> "PonderCache":
-        """An empty cache that fills the given storage in place: ``kv`` ``[layers, 2, K, B, heads, capacity, hd]``
-        holds the keys (``kv[l, 0]``) and values (``kv[l, 1]``) of every layer and pass — the layout of depth-batched
-        decoding, which then reads the prefill's K/V without a copy and moves any entries of all layers in one
-        indexed operation."""
-        num_layers, _, num_passes = kv.shape[:3]
-        cache = cls(num_passes, num_layers)
-        for p in range(num_passes):
-            for layer in range(num_layers):
-                cache.pass_layer(p + 1, layer).adopt(kv[layer, 0, p], kv[layer, 1, p])
-        cache.pass_buffers = kv
-        return cache
+        self.pass_buffers: torch.Tensor | None = None  # the one tensor it fills, when built over a static cache
 
     def pass_layer(self, pass_idx: int, layer_idx: int) -> GrowingLayer:
         return self.layers[(pass_idx - 1) * self.num_layers + layer_idx]
@@ -132,13 +118,6 @@ class PonderCache(Cache):
             layer.keys, layer.values = keys, values
             return keys, values
         return layer.update(keys, values)
-
-    def truncate(self, length: int) -> None:
-        """Keep the first ``length`` positions of every (pass, layer) (a rejected speculative block is dropped);
-        the room behind them stays reserved, so the next append writes in place."""
-        for layer in self.layers:
-            if layer.is_initialized and layer.get_seq_length() > length:
-                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # every (pass, layer) holds the same tokens
         return self.layers[0].get_seq_length() if self.layers[0].is_initialized else 0

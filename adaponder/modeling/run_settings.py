@@ -16,7 +16,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .exit_rules import ExitRule, ExitRuleError, ThresholdExit, check_tau, rule_problem
+from .exit_protocol import ExitRule, ExitRuleError, ThresholdExit, check_tau, rule_problem
 
 try:
     from adaponder.errors import UsageError as _UsageError
