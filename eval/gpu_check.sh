@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: on a CUDA machine, measure bf16 training MFU at the Pythia-70M and -410M shapes
 # decode tokens/s (eager and compiled), prefill and decode with halting against without (the measured
-# compaction rule), self-speculative decoding, and append the figures (with date and hardware) to docs/benchmarks.md.
+# compaction rule), self-speculative decoding, every decoding strategy through generate(decoding=...) (eager and
+# compiled, each schedule), and append the figures (with date and hardware) to docs/benchmarks.md.
 # GPU_CHECK_OUT=DIR keeps the raw tables and JSON there (default: a temporary folder).
 #
 #   TORCH_SPEC="torch==2.13.0" bash scripts/setup.sh   # a CUDA build of torch
@@ -38,6 +39,13 @@ fi
 "$PY" eval/bench_speculative.py --device $DEV --shapes $S70:adaponder --batches 1,$B8 --dtypes $DT --gammas 4,8 \
   --adaptive --context $((CTX < 256 ? CTX : 256)) --new-tokens $NEW --repeats $REP --json "$out/speculative.json" \
   | tee "$out/speculative.txt"
+# every strategy of the one entry, side by side (guarded as the pipelined row below: a failure keeps the rest)
+if ! "$PY" eval/bench_generation.py --device $DEV --dtype $DT --shapes $S70:ponderlm,$S70:adaponder --batches 1 \
+    --context $((CTX < 256 ? CTX : 256)) --new-tokens $NEW --repeats $REP --json "$out/generation.json" \
+    > "$out/generation.txt" 2>&1; then
+  echo "generation strategies failed: see $out/generation.txt" | tee -a "$out/generation.txt"
+  [ "$smoke" = 1 ] && { cat "$out/generation.txt" >&2; exit 1; }
+fi
 # the pipelined passes last and guarded: a failure there keeps every figure above (random weights draft badly, so the
 # row reads the cost of a tick against an ordinary pass on the GPU, not a trained draft's speed-up). The smoke run
 # lets no failure pass.
@@ -48,7 +56,7 @@ if ! "$PY" eval/bench_speculative.py --device $DEV --shapes $S70:ponderlm --batc
   [ "$smoke" = 1 ] && { cat "$out/pipelined.txt" >&2; exit 1; }
 fi
 tables=("$out/train70m.txt" "$out/train410m.txt" "$out/infer70m.txt" "$out/compiled.txt" "$out/speculative.txt"
-        "$out/pipelined.txt")
+        "$out/generation.txt" "$out/pipelined.txt")
 if [ "$smoke" = 1 ]; then
   for t in "${tables[@]}"; do [ -s "$t" ] || { echo "error: the smoke run wrote no table to $t" >&2; exit 1; }; done
   echo "gpu_check smoke: every step ran on the CPU at the tiny shape (tables in $out; docs/benchmarks.md untouched)"

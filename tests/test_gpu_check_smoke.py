@@ -11,7 +11,7 @@ from conftest import REPO
 
 pytestmark = pytest.mark.integration
 
-TABLES = ("train70m", "train410m", "infer70m", "compiled", "speculative", "pipelined")
+TABLES = ("train70m", "train410m", "infer70m", "compiled", "speculative", "generation", "pipelined")
 
 
 def test_every_step_of_the_gpu_check_runs_at_a_tiny_size_on_the_cpu(tmp_path):
@@ -24,7 +24,8 @@ def test_every_step_of_the_gpu_check_runs_at_a_tiny_size_on_the_cpu(tmp_path):
     assert "gpu_check smoke: every step ran" in p.stdout
     for name in TABLES:
         assert (tmp_path / f"{name}.txt").stat().st_size > 0 and (tmp_path / f"{name}.json").stat().st_size > 0
-    assert "failed" not in (tmp_path / "pipelined.txt").read_text()
+    assert "failed" not in (tmp_path / "pipelined.txt").read_text() + (tmp_path / "generation.txt").read_text()
+    assert "token compiled" in (tmp_path / "generation.txt").read_text()  # every strategy of the one entry ran
     assert hashlib.sha256(benchmarks.read_bytes()).hexdigest() == before  # a smoke run writes no figures
 
 

@@ -189,8 +189,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(GenerationRefused, match="decodes greedily"):
         model.generate(ids, max_new_tokens=3, speculative="pipelined", do_sample=True)
     mask = torch.ones_like(ids)
-    mask[0, 0] = 0
-    with pytest.raises(ValueError, match="without padding"):
+    mask[0, -1] = 0  # right padding: a zero after the row's first token
+    with pytest.raises(ValueError, match="left padding only"):
         model.generate(ids, attention_mask=mask, max_new_tokens=3, speculative="pipelined")
     with pytest.raises(ValueError, match="'pipelined'"):
         model.generate(ids, max_new_tokens=3, speculative="pipeline")

@@ -32,7 +32,7 @@ Q-exit with a head, a rule on token ids; not fixed pruning, which draws over a b
 memory (``carries``) stays with its row and starts afresh at each token's pass 1, as the exit step sees to for every
 layout (:func:`~.exit_rules.rule_answer`): a row that emits a token starts the next in the same slot.
 
-Scope: greedy decoding of equal-length, unpadded prompts, modes ``vanilla``, ``ponderlm`` and ``adaponder``.
+Scope: greedy decoding of prompts left-padded or not, modes ``vanilla``, ``ponderlm`` and ``adaponder``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..modeling.attention import ROW_ATTENTION
 from ..modeling.exit_rules import PassView
 from ..modeling.input_checks import check_generation_length
 from ..modeling.pass_driver import drive
-from ..modeling.pass_step import first_input
+from ..modeling.pass_step import first_input, generate_positions
 from ..modeling.ponder_cache import PonderCache
 from .static_cache import cache_over, new_static_kv, starts_at
 from ..modeling.run_settings import RunSettings, settings_or_default
@@ -66,7 +66,7 @@ class RowPlan:
     the positions a row must not see. ``span`` = the largest position + 1."""
 
     def __init__(self, rows: torch.Tensor, passes: torch.Tensor, positions: torch.Tensor, span: int, *, batch: int,
-                 heads: int, head_dim: int, capacity: int):
+                 heads: int, head_dim: int, capacity: int, pads: torch.Tensor | None = None):
         device = rows.device
         slot = (((passes - 1) * batch + rows)[:, None] * heads + torch.arange(heads, device=device)).reshape(-1, 1)
         pos = positions.repeat_interleave(heads)[:, None]
@@ -74,6 +74,8 @@ class RowPlan:
         self.key_rows = slot * head_dim + torch.arange(head_dim, device=device)
         self.value_rows = slot * capacity + torch.minimum(t, pos)
         self.future = t > pos
+        if pads is not None:  # a left-padded row's padding slots are masked as the future is
+            self.future |= t < pads.repeat_interleave(heads)[:, None]
 
 
 def row_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, ponder_rows=None,
@@ -179,6 +181,7 @@ class DecoderPrefill:
     output: object
     keys_t: torch.Tensor
     values: torch.Tensor
+    pads: torch.Tensor | None = None  # [B] leading padding slots of each row (left-padded prompts), None: none
 
     @property
     def capacity(self) -> int:
@@ -191,7 +194,7 @@ class DecoderPrefill:
         values = self.values.new_empty(*self.values.shape[:-2], capacity, self.values.shape[-1])
         keys_t[..., :self.capacity].copy_(self.keys_t)
         values[..., :self.capacity, :].copy_(self.values)
-        return DecoderPrefill(self.output, keys_t, values)
+        return DecoderPrefill(self.output, keys_t, values, self.pads)
 
 
 class DepthBatchedDecoder:
@@ -215,13 +218,15 @@ class DepthBatchedDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
-                 prefill=None, max_ticks: int | None = None) -> DepthBatchedOutput:
+                 prefill=None, max_ticks: int | None = None,
+                 attention_mask: torch.Tensor | None = None) -> DepthBatchedOutput:
         """``prefill``: the prefill when the caller already ran it (a benchmark timing prefill and decoding apart) —
         a :class:`DecoderPrefill` from :meth:`prefill`, decoded in place while it has room (then in grown copies:
         it can be decoded from again), or the output of ``model(input_ids, use_cache=True)``, brought into the
         decoder's layout first. ``max_ticks``: stop after
         that many ticks (tokens still in flight are dropped) — a server's steady state, where a finished row's
-        slot is refilled at once, measured without the tail of a batch whose last rows finish alone."""
+        slot is refilled at once, measured without the tail of a batch whose last rows finish alone.
+        ``attention_mask``: left-padded prompts (zeros before each row's first token)."""
         model, cfg = self.model, self.model.config
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
@@ -233,7 +238,7 @@ class DepthBatchedDecoder:
         need = length + room  # positions the generation can reach
         check_generation_length(cfg.max_position_embeddings, length, room, None)
         if prefill is None:
-            prefill = self.prefill(input_ids, min(need, length + self.GROWTH))
+            prefill = self.prefill(input_ids, min(need, length + self.GROWTH), attention_mask)
         elif not isinstance(prefill, DecoderPrefill):
             prefill = self.prepare(prefill, min(need, length + self.GROWTH))
         ticks = TickLayout(self, prefill, input_ids, K, need, max_new_tokens, eos_token_id, max_ticks)
@@ -247,11 +252,24 @@ class DepthBatchedDecoder:
                                   ticks.pondering_ticks, ticks.gate_runs, ticks.attended, count)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, capacity: int) -> DecoderPrefill:
+    def prefill(self, input_ids: torch.Tensor, capacity: int,
+                attention_mask: torch.Tensor | None = None) -> DecoderPrefill:
         """The cached forward over the prompts (A16), writing straight into a cache in the decoder's layout with room
-        for ``capacity`` positions, then the keys transposed for the ticks (:meth:`prepare`)."""
+        for ``capacity`` positions, then the keys transposed for the ticks (:meth:`prepare`). ``attention_mask``:
+        left padding (each row's rotary positions start at its first token; its padding slots are never attended)."""
         cache = self.new_cache(input_ids.shape[0], capacity, input_ids.device)
-        return self.prepare(self.model(input_ids, cache=cache, use_cache=True, settings=self.settings), capacity)
+        if attention_mask is None or bool(attention_mask.all()):
+            return self.prepare(self.model(input_ids, cache=cache, use_cache=True, settings=self.settings), capacity)
+        mask = attention_mask.to(input_ids.device).long()
+        pads = (mask.cumsum(1) == 0).sum(1)
+        if not bool((mask.sum(1) + pads == mask.shape[1]).all()):
+            raise ValueError("depth-batched decoding takes left padding only: attention_mask has zeros after a row's "
+                             "first token")
+        out = self.model(input_ids, attention_mask=mask, position_ids=generate_positions(mask, 0, mask.shape[1]),
+                         cache=cache, use_cache=True, settings=self.settings)
+        prefill = self.prepare(out, capacity)
+        prefill.pads = pads
+        return prefill
 
     def prepare(self, output, capacity: int) -> DecoderPrefill:
         """``output`` of the cached forward in the decoder's layout: its values where they are (a cache from
@@ -331,10 +349,11 @@ class TickLayout:
             self.prefill = self.prefill.grown(min(self.need, 2 * self.prefill.capacity))
             self.kv = TickKV(self.prefill.keys_t, self.prefill.values)
         rows_t, self.pass_t, pos_t = (_index(x, self.device) for x in (self.live, self.passes, self.positions))
+        pads = None if self.prefill.pads is None else self.prefill.pads.index_select(0, rows_t)
         plan = RowPlan(rows_t, self.pass_t, pos_t, max(self.positions) + 1, capacity=self.prefill.capacity,
-                       **self.layout)
+                       pads=pads, **self.layout)
         self.kv.index = (self.pass_t - 1, rows_t, pos_t)
-        h = self._stack(self.E, pos_t, plan)  # [n, d]: final-LN hidden state of this tick's pass
+        h = self._stack(self.E, pos_t if pads is None else pos_t - pads, plan)  # [n, d]: final-LN hidden state
         self.ticks += 1
         self.token_passes += len(self.live)
         self.attended += sum(self.positions) + len(self.positions)
@@ -417,10 +436,11 @@ class TickLayout:
         embed = self.model.gpt_neox.embed_in
         return first_input(embed(_index(token_ids, self.device)), self.model.config.first_pass_scale)
 
-    def _stack(self, E: torch.Tensor, pos_t: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+    def _stack(self, E: torch.Tensor, rotary: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+        """The layer stack over a tick's rows at rotary positions ``rotary`` ``[n]`` (slot minus left padding)."""
         neox = self.model.gpt_neox
         hidden = neox.emb_dropout(E[:, None])
-        rope = neox.rotary_emb(hidden, pos_t[:, None])
+        rope = neox.rotary_emb(hidden, rotary[:, None])
         for layer in neox.layers:
             hidden = layer(hidden, attention_mask=None, layer_past=self.kv, position_embeddings=rope, ponder_rows=plan)
         return neox.final_layer_norm(hidden)[:, 0]

@@ -148,10 +148,10 @@ def _cached(model, key, make):
 def _strategy(model, ids, decoding, settings, new, eos, pad, kwargs):
     mask = kwargs.get("attention_mask")
     if decoding.schedule == "depth":
-        out = DepthBatchedDecoder(model, settings).generate(ids, new, eos)
+        out = DepthBatchedDecoder(model, settings).generate(ids, new, eos, attention_mask=mask)
         return out.sequences, out.exit_pass, out, "depth, eager"
     if decoding.schedule == "pipelined":
-        out = PipelinedSpeculativeDecoder(model, settings).generate(ids, new, eos)
+        out = PipelinedSpeculativeDecoder(model, settings).generate(ids, new, eos, attention_mask=mask)
         return out.sequences, out.exit_pass, out.stats, "pipelined, eager"
     way = "compiled" if decoding.compile else "eager"
     if decoding.draft is None:  # token by token on the compiled static step

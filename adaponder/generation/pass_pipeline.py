@@ -29,7 +29,7 @@ that halts early copies its K/V to the later passes at once, before any later to
 token for token that of ordinary greedy decoding. A token that halts is complete at its exit pass; the draft of the
 next one is then its final distribution.
 
-Scope: greedy decoding of equal-length, unpadded prompts, ``ponderlm`` and ``adaponder`` with K ≥ 2 and any exit
+Scope: greedy decoding of prompts left-padded or not, ``ponderlm`` and ``adaponder`` with K ≥ 2 and any exit
 rule that decides per element (not fixed pruning, which draws over a batch at one pass). A rule's memory across passes
 (``carries``: Q-exit, or a rule of one's own) is kept per entry — it follows the entries as they are dropped and
 started, and starts afresh at each token's pass 1 (:func:`~.exit_rules.rule_answer`).
@@ -97,9 +97,9 @@ class PipelinedSpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
-                 prefill: DecoderPrefill | None = None) -> PipelineOutput:
+                 prefill: DecoderPrefill | None = None, attention_mask: torch.Tensor | None = None) -> PipelineOutput:
         """``prefill``: a :class:`~.depth_batching.DecoderPrefill` of these prompts when the caller ran it (it is
-        decoded in place while it has room)."""
+        decoded in place while it has room). ``attention_mask``: left-padded prompts."""
         model = self.model
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length >= 1, got {tuple(input_ids.shape)}")
@@ -109,7 +109,7 @@ class PipelinedSpeculativeDecoder:
         need = length + max_new_tokens
         check_generation_length(model.config.max_position_embeddings, length, max_new_tokens, None)
         if prefill is None:
-            prefill = self.batched.prefill(input_ids, min(need, length + DepthBatchedDecoder.GROWTH))
+            prefill = self.batched.prefill(input_ids, min(need, length + DepthBatchedDecoder.GROWTH), attention_mask)
         K = self.settings.num_passes(model.config.num_passes)
         layout = PipelineLayout(self.batched, prefill, input_ids, K, need, max_new_tokens, eos_token_id)
         drive(model, layout, self.settings.rule)

@@ -73,8 +73,6 @@ def refusal(c: Combination) -> str | None:
         return f"the {c.schedule!r} schedule runs eagerly"
     if c.sampling:
         return f"the {c.schedule!r} schedule decodes greedily"
-    if c.padded:
-        return f"the {c.schedule!r} schedule takes equal-length prompts without padding"
     modes = TICK_MODES if c.schedule == "depth" else PIPELINE_MODES
     if c.mode not in modes:
         return f"the {c.schedule!r} schedule runs modes {', '.join(modes)}"

@@ -91,9 +91,8 @@ class RunSettings:
         the CPU, 2**27 on a GPU).
     recompute: in training, recompute each pondering pass's probabilities in backward (memory does not grow with
         B×T×V per pass) or keep them (False: one ``h W_outᵀ`` product per pondering pass less).
-    compile: greedy ``generate`` decodes with the static-shape step (:mod:`.static_decoding`) compiled by
-        ``torch.compile`` (one graph per step; CUDA graphs on a GPU) instead of the eager cached forward, which stays
-        the reference. The first step of a new batch size or cache capacity pays the compilation.
+    compile: the older spelling of ``generate(..., decoding=DecodingConfig(compile=True))`` (``adaponder.generation``:
+        greedy decoding on the compiled static-shape step); the forward itself never compiles.
     """
 
     tau: float = DEFAULT_TAU
