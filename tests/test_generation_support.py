@@ -36,7 +36,9 @@ class StopsAfterThree:
         return (count >= 3) | ~view.valid
 
 
-RULES = {"tau0.5": lambda: RunSettings(tau=0.5), "memory": lambda: RunSettings(exit_rule=StopsAfterThree())}
+_SETTINGS = {"tau0.5": RunSettings(tau=0.5), "memory": RunSettings(exit_rule=StopsAfterThree())}
+#: The settings of each rule: one object each, so that compiled steps (kept per model and settings) compile once.
+RULES = {name: (lambda s=s: s) for name, s in _SETTINGS.items()}
 
 _MODELS: dict = {}
 

@@ -65,8 +65,8 @@ def test_hflm_generate_until_with_tiny_local_task(tmp_path, shared_data):
 
 @pytest.mark.integration
 def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(tmp_path, tmp_path_factory):
-    """The ``adaponder`` lm-eval model with ``speculative_draft_tokens``: every generated answer of a
-    generate_until task is the one ordinary decoding gives (greedy)."""
+    """The ``adaponder`` lm-eval model with ``speculative_draft_tokens``, or ``decoding_schedule`` depth or pipelined:
+    every generated answer of a generate_until task is the one ordinary decoding gives (greedy)."""
     import adaponder.evaluation.lm_eval_model  # noqa: F401  (registers "adaponder")
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -78,7 +78,8 @@ def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(t
 
     ckpt = tiny_checkpoint(tmp_path_factory)
     resps = {}
-    for name, extra in [("ordinary", ""), ("speculative", ",speculative_draft_tokens=3")]:
+    for name, extra in [("ordinary", ""), ("depth", ",decoding_schedule=depth"),
+                        ("pipelined", ",decoding_schedule=pipelined"), ("speculative", ",speculative_draft_tokens=3")]:
         res = simple_evaluate(model="adaponder", model_args=f"checkpoint={ckpt}{extra}", tasks=["tiny_generate_spec"],
                               task_manager=TaskManager(include_path=str(tmp_path)), batch_size=2, device="cpu",
                               log_samples=True)
@@ -86,4 +87,5 @@ def test_generation_tasks_give_the_same_outputs_with_self_speculative_decoding(t
     lm = adaponder.evaluation.lm_eval_model.AdaPonderLM.instances[-1]
     assert lm.speculative is not None and lm.speculative_stats.cycles > 0  # the speculative path ran
     assert resps["speculative"] == resps["ordinary"]
+    assert resps["depth"] == resps["ordinary"] and resps["pipelined"] == resps["ordinary"]
     assert any(r[0][0] for r in resps["ordinary"])  # something was generated

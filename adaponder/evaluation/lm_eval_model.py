@@ -30,6 +30,9 @@ Model arguments (``--model_args k=v,...``):
 * ``speculative_draft_tokens`` γ (default: off) and ``speculative_draft_passes`` P (default 1): generation tasks
   decode self-speculatively (:mod:`adaponder.generation.speculative`; the same greedy output). The halting summary
   then counts the prompts' positions only: drafts and verifications run the passes without the forward hook.
+* ``decoding_schedule`` (``token``, the default; ``depth``; ``pipelined``) and ``decoding_compile`` (``true``: the
+  compiled static-shape steps): how generation tasks decode (``adaponder.generation.DecodingConfig``, greedy tokens
+  equal to ``generate``'s); a combination the model's mode does not take is refused before the model runs.
 * ``batch_size``, ``dtype`` (default ``auto``: the checkpoint's), ``device`` (default: cuda if available),
   and any other ``HFLM`` argument (``max_length``, …).
 
@@ -64,6 +67,8 @@ from .pruning import FIXED_RULES
 from adaponder.modeling.exit_rules import ExitRule
 from adaponder.modeling.run_settings import RunSettings
 from adaponder.generation import DecodingConfig, SpeculativeConfig
+from adaponder.generation.config import SCHEDULES
+from adaponder.generation.support import Combination, refusal_line
 
 from .settings import (check_exit_rule, recurrence_overrides, require_finite_weights, require_readable_weights,
                        settings_of)
@@ -81,6 +86,17 @@ def _as_int(v, name: str = "value"):
         return int(v) if isinstance(v, (int, float)) else int(str(v).strip())
     except ValueError:
         raise UsageError(f"--model_args {name}={v}: not an integer; expected a whole number (e.g. {name}=4)") from None
+
+
+def _as_bool(v, name: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "", "none"):
+        return False
+    raise UsageError(f"--model_args {name}={v}: expected true or false")
 
 
 def _as_float(v, name: str = "value"):
@@ -103,7 +119,7 @@ class AdaPonderLM(HFLM):
                  exit_rule: str | ExitRule = "learned", target_mean_exit=None, pruning_seed=0,
                  calibration_data: str | None = None, calibration_tokens=4096, batch_size=1, dtype="auto",
                  device: str | None = None, speculative_draft_tokens=None, speculative_draft_passes=1, q=0.5,
-                 consistency_threshold=None, **kwargs):
+                 consistency_threshold=None, decoding_schedule="token", decoding_compile=False, **kwargs):
         ckpt = checkpoint if checkpoint is not None else pretrained
         if ckpt is None:
             raise ValueError("the adaponder model needs checkpoint=PATH (or pretrained=PATH)")
@@ -114,6 +130,10 @@ class AdaPonderLM(HFLM):
         # whole numbers, checked before the model loads (lm-eval hands model_args over as strings)
         draft_tokens = _as_int(speculative_draft_tokens, "speculative_draft_tokens")
         draft_passes = _as_int(speculative_draft_passes, "speculative_draft_passes")
+        compiled = _as_bool(decoding_compile, "decoding_compile")
+        if decoding_schedule not in SCHEDULES:
+            raise UsageError(f"--model_args decoding_schedule={decoding_schedule}: expected one of "
+                             f"{', '.join(SCHEDULES)}")
         passes = _as_int(passes, "passes")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -157,6 +177,13 @@ class AdaPonderLM(HFLM):
         if draft_tokens:
             self.speculative = SpeculativeConfig(draft_passes, draft_tokens)
             self.speculative.check(model.config.num_passes)
+        self.decoding = DecodingConfig(decoding_schedule, self.speculative, compiled)
+        line = refusal_line(Combination(model.config.mode, decoding_schedule, draft_tokens is not None, compiled,
+                                        padded=True))
+        if line is not None:  # lm-eval batches left-padded prompts
+            raise UsageError(f"--model_args: {line}")
+        if self.decoding == DecodingConfig():
+            self.decoding = None
         AdaPonderLM.instances.append(self)
 
     @property
@@ -214,15 +241,16 @@ class AdaPonderLM(HFLM):
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         self._generating = True
         try:
-            if self.speculative is not None:
-                return self._speculative_generate(context, max_length, **generation_kwargs)
+            if self.decoding is not None:
+                return self._engine_generate(context, max_length, **generation_kwargs)
             return super()._model_generate(context, max_length, stop, **generation_kwargs)
         finally:
             self._generating = False
 
-    def _speculative_generate(self, context, max_length: int, **kw):
-        """Self-speculative decoding up to ``max_length`` tokens in all; lm-eval cuts the text at the stop
-        sequences afterwards, as it does after ``generate``'s own stopping criteria (which only stop early)."""
+    def _engine_generate(self, context, max_length: int, **kw):
+        """Decoding as ``decoding_schedule``, ``decoding_compile`` and the draft say, up to ``max_length`` tokens in
+        all; lm-eval cuts the text at the stop sequences afterwards, as it does after ``generate``'s own stopping
+        criteria (which only stop early)."""
         temperature = float(kw.pop("temperature", 0.0) or 0.0)
         do_sample = bool(kw.pop("do_sample", temperature > 0))
         sampling = dict(do_sample=True, temperature=temperature, top_k=kw.pop("top_k", None),
@@ -230,7 +258,7 @@ class AdaPonderLM(HFLM):
         out = self.model.generate(context, attention_mask=kw.pop("attention_mask", None),
                                   max_new_tokens=max(1, max_length - context.shape[1]),
                                   pad_token_id=self.tokenizer.pad_token_id, settings=self.run_settings,
-                                  decoding=DecodingConfig(draft=self.speculative), **sampling)
+                                  decoding=self.decoding, **sampling)
         self.speculative_stats = out.stats
         return out.sequences
 
