@@ -144,3 +144,24 @@ def test_compilation_is_not_repeated_while_halting_varies(per_pass):
     assert not torch.equal(again.exit_pass, out.exit_pass)
     eager = StaticDecoder(model, TAU, per_pass=per_pass).generate(ids, mask, 64)
     assert torch.equal(out.sequences, eager.sequences) and torch.equal(out.exit_pass, eager.exit_pass)
+
+
+def test_sampling_on_the_static_step_draws_from_the_warped_distribution():
+    """Sampling on the static step: the second token of 4,000 copies of one prompt, drawn after a fixed first token
+    (top_k=1 there would be greedy; here temperature 0.7 and top-k 5), has the frequencies of softmax(z/0.7) over
+    the five largest logits, z the eager step's logits; nothing outside the top 5 is drawn."""
+    model = _model("adaponder")
+    ids, mask = _prompts()
+    prompt, pmask = ids[:1].expand(4000, -1), mask[:1].expand(4000, -1)
+    decoder = StaticDecoder(model, TAU)
+    greedy = decoder.generate(prompt[:1], pmask[:1], 2, output_logits=True)
+    z = greedy.logits[0, 1]  # the logits after the greedy first token
+    first = greedy.sequences[:, -2:-1].expand(4000, -1)
+    out = decoder.generate(torch.cat([prompt, first], 1), torch.cat([pmask, torch.ones_like(first)], 1), 1,
+                           do_sample=True, temperature=0.7, top_k=5, generator=torch.Generator().manual_seed(0))
+    drawn = out.sequences[:, -1]
+    top = torch.topk(z, 5)
+    expected = (top.values / 0.7).softmax(-1)
+    observed = torch.stack([(drawn == t).float().mean() for t in top.indices])
+    assert bool(torch.isin(drawn, top.indices).all())
+    torch.testing.assert_close(observed, expected, atol=0.03, rtol=0)

@@ -156,7 +156,9 @@ def _strategy(model, ids, decoding, settings, new, eos, pad, kwargs):
     way = "compiled" if decoding.compile else "eager"
     if decoding.draft is None:  # token by token on the compiled static step
         decoder = _cached(model, ("static", settings), lambda: StaticDecoder(model, settings))
-        out = decoder.generate(ids, mask, new, eos_token_id=eos, pad_token_id=pad)
+        sampling = {k: kwargs[k] for k in ("do_sample", "temperature", "top_k", "top_p", "generator")
+                    if kwargs.get(k) is not None}
+        out = decoder.generate(ids, mask, new, eos_token_id=eos, pad_token_id=pad, **sampling)
         return out.sequences, out.exit_pass, None, f"token, {way} static step"
     if decoding.compile:
         decoder = _cached(model, ("speculative", settings, decoding.draft),

@@ -16,7 +16,7 @@ decoder measures both and takes the faster. The pass loop is the pass driver's (
 :class:`StaticLayout`), so every exit rule that decides on the device (the threshold rule, Q-exit with a head, rules
 on token ids) is honoured.
 
-Scope: greedy decoding, modes ``vanilla``, ``ponderlm``, ``loop`` and ``adaponder``, left-padded batches.
+Scope: greedy decoding or sampling, modes ``vanilla``, ``ponderlm``, ``loop`` and ``adaponder``, left-padded batches.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..modeling.exit_rules import PassView
 from ..modeling.pass_driver import drive
 from ..modeling.pass_step import first_input, generate_positions
 from ..modeling.run_settings import RunSettings, settings_or_default
+from .speculative import warp
 from .static_cache import cache_over, new_static_kv, pass_buffers
 from .way_choice import WayChooser
 
@@ -287,10 +288,14 @@ class StaticDecoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 20, eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 output_logits: bool = False) -> StaticOutput:
+                 output_logits: bool = False, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None) -> StaticOutput:
         """Greedy tokens as ``model.generate(do_sample=False)`` gives them: a row that emitted ``eos_token_id`` emits
         ``pad_token_id`` (default: the eos id) afterwards, and that is what it reads next. Every row runs
-        ``max_new_tokens`` steps (fixed shapes: no early stop)."""
+        ``max_new_tokens`` steps (fixed shapes: no early stop). ``do_sample``: each token drawn from the step's
+        logits after ``temperature``, ``top_k`` and ``top_p`` (transformers' warpers, in their order), outside the
+        compiled step."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
         if max_new_tokens < 1:
@@ -306,7 +311,11 @@ class StaticDecoder:
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
         def emit(t: int, logits: torch.Tensor, exit_pass: torch.Tensor) -> None:
-            token = logits.argmax(-1)
+            if do_sample:
+                probs = warp(logits, temperature, top_k, top_p).exp()
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                token = logits.argmax(-1)
             if eos_token_id is not None:
                 token = torch.where(finished, pad, token)
                 finished.logical_or_(token == eos_token_id)

@@ -63,8 +63,8 @@ def refusal(c: Combination) -> str | None:
     if c.schedule == "token":
         if c.draft and c.mode not in DRAFT_MODES:
             return f"drafting needs passes to verify with (modes {', '.join(DRAFT_MODES)})"
-        if c.compile and c.sampling:
-            return "compiled steps decode greedily"
+        if c.compile and c.sampling and c.draft:
+            return "compiled draft-then-verify decodes greedily"
         return None
     if c.draft:
         return f"the {c.schedule!r} schedule takes no draft config" + \
@@ -87,7 +87,7 @@ def every_combination(modes=MODES):
 
 def nearest(c: Combination) -> Combination:
     """The supported combination of the same mode closest to ``c``: the inputs (padding, sampling) kept where
-    possible, then the fewest settings changed, the token schedule eager first among equals."""
+    possible, then the fewest settings changed, ties broken by the table's order."""
     def distance(o: Combination):
         inputs = (o.padded != c.padded) + (o.sampling != c.sampling)
         settings = (o.schedule != c.schedule) + (o.draft != c.draft) + (o.compile != c.compile)
