@@ -154,16 +154,16 @@ def _strategy(model, ids, decoding, settings, new, eos, pad, kwargs):
         out = PipelinedSpeculativeDecoder(model, settings).generate(ids, new, eos, attention_mask=mask)
         return out.sequences, out.exit_pass, out.stats, "pipelined, eager"
     way = "compiled" if decoding.compile else "eager"
+    sampling = {k: kwargs[k] for k in ("do_sample", "temperature", "top_k", "top_p", "generator")
+                if kwargs.get(k) is not None}
     if decoding.draft is None:  # token by token on the compiled static step
         decoder = _cached(model, ("static", settings), lambda: StaticDecoder(model, settings))
-        sampling = {k: kwargs[k] for k in ("do_sample", "temperature", "top_k", "top_p", "generator")
-                    if kwargs.get(k) is not None}
         out = decoder.generate(ids, mask, new, eos_token_id=eos, pad_token_id=pad, **sampling)
         return out.sequences, out.exit_pass, None, f"token, {way} static step"
     if decoding.compile:
         decoder = _cached(model, ("speculative", settings, decoding.draft),
                           lambda: StaticSpeculativeDecoder(model, decoding.draft, settings))
-        sequences = decoder.generate(ids, mask, new, eos, pad)
+        sequences = decoder.generate(ids, mask, new, eos, pad, **sampling)
         return sequences, decoder.exit_pass, decoder.stats, "token, draft then verify, compiled"
     decoder = SelfSpeculativeDecoder(model, decoding.draft, settings=settings)
     sequences = decoder.generate(ids, max_new_tokens=new, eos_token_id=eos, pad_token_id=pad, **kwargs)

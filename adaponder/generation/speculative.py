@@ -307,7 +307,8 @@ class SelfSpeculativeDecoder:
         block = torch.stack(ids[:gamma], dim=1)  # y_0 .. y_{γ-1}: the inputs of the drafted positions
         drafts = torch.stack(ids[1:], dim=1)  # y_1 .. y_γ
         full_logp, exits = self._verify(block, runs, mask, cache, n)  # 2. verify: passes P+1..K, one forward
-        keep, correction, accepted = self._accept(drafts, torch.stack(draft_logp, 1), full_logp)  # 3. accept
+        keep, correction, accepted = accept(drafts, torch.stack(draft_logp, 1), full_logp,  # 3. accept
+                                            self.do_sample, self.generator)
         advance = int(keep.min())
         new = torch.where(torch.arange(gamma, device=drafts.device)[None] == keep[:, None] - 1, correction, drafts)
         truncate(cache, n + advance)
@@ -340,32 +341,37 @@ class SelfSpeculativeDecoder:
         self._depth.note(run.exit_pass)
         return self._warp(model.lm_head(run.h_hat)), run.exit_pass
 
-    def _accept(self, drafts, draft_logp, full_logp):
-        """Per row: how many of the γ tokens it verifies (``keep``: the accepted prefix, plus the full model's own
-        token at the first disagreement), the token to emit there (``correction``), and ``accepted`` drafts."""
-        gamma = drafts.shape[1]
-        if not self.do_sample:
-            target = full_logp.argmax(-1)
-            agree = drafts == target
-            correction = target
-        else:  # keep y with probability min(1, p(y)/q(y)); else draw from norm(max(0, p - q))
-            p_y = full_logp.gather(-1, drafts[..., None]).squeeze(-1)
-            q_y = draft_logp.gather(-1, drafts[..., None]).squeeze(-1)
-            u = torch.rand(drafts.shape, device=drafts.device, generator=self.generator)
-            agree = u.log() < (p_y - q_y).clamp(max=0)
-            residual = (full_logp.exp() - draft_logp.exp()).clamp(min=0)
-            fallback = residual.sum(-1, keepdim=True) <= 0  # p == q: any rejection is impossible; keep p
-            residual = torch.where(fallback, full_logp.exp(), residual)
-            correction = torch.multinomial(residual.reshape(-1, residual.shape[-1]), 1,
-                                           generator=self.generator).reshape(drafts.shape)
-        accepted = torch.cumprod(agree.long(), dim=1).sum(1)  # length of the agreed prefix
-        keep = torch.clamp(accepted + 1, max=gamma)
-        correction = torch.where(agree, drafts, correction)
-        return keep, correction, accepted
-
     def _sample(self, logp: torch.Tensor, generator) -> torch.Tensor:
         return torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
 
 
-__all__ = ["DecodedDepth", "SelfSpeculativeDecoder", "SpeculativeConfig", "SpeculativeStats", "pad_after_eos",
+def accept(drafts, draft_logp, full_logp, do_sample: bool, generator: torch.Generator | None = None):
+    """Per row of ``drafts`` ``[B, γ]``: how many of the γ tokens it verifies (``keep``: the accepted prefix, plus the
+    full model's own token at the first disagreement), the token to emit there (``correction``), and the number of
+    ``accepted`` drafts. Greedy: a draft stands where it is the full model's argmax. Sampling: it stands with
+    probability min(1, p(y)/q(y)), else the token is drawn from norm(max(0, p − q)) — the full model's distribution
+    either way. ``draft_logp``/``full_logp``: the warped log-probabilities ``[B, γ, V]`` (the draft's unused when
+    greedy)."""
+    gamma = drafts.shape[1]
+    if not do_sample:
+        target = full_logp.argmax(-1)
+        agree = drafts == target
+        correction = target
+    else:  # keep y with probability min(1, p(y)/q(y)); else draw from norm(max(0, p - q))
+        p_y = full_logp.gather(-1, drafts[..., None]).squeeze(-1)
+        q_y = draft_logp.gather(-1, drafts[..., None]).squeeze(-1)
+        u = torch.rand(drafts.shape, device=drafts.device, generator=generator)
+        agree = u.log() < (p_y - q_y).clamp(max=0)
+        residual = (full_logp.exp() - draft_logp.exp()).clamp(min=0)
+        fallback = residual.sum(-1, keepdim=True) <= 0  # p == q: any rejection is impossible; keep p
+        residual = torch.where(fallback, full_logp.exp(), residual)
+        correction = torch.multinomial(residual.reshape(-1, residual.shape[-1]), 1,
+                                       generator=generator).reshape(drafts.shape)
+    accepted = torch.cumprod(agree.long(), dim=1).sum(1)  # length of the agreed prefix
+    keep = torch.clamp(accepted + 1, max=gamma)
+    correction = torch.where(agree, drafts, correction)
+    return keep, correction, accepted
+
+
+__all__ = ["DecodedDepth", "SelfSpeculativeDecoder", "accept", "SpeculativeConfig", "SpeculativeStats", "pad_after_eos",
            "warp"]

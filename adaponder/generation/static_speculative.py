@@ -1,13 +1,13 @@
-"""Self-speculative decoding on the static cache with compiled steps (``generate(speculative=...,
-settings=RunSettings(compile=True))``): the greedy tokens of ``generate(do_sample=False)``.
+"""Self-speculative decoding on the static cache with compiled steps (``generate(decoding=DecodingConfig(
+draft=..., compile=True))``): the greedy tokens of ``generate(do_sample=False)``, or its sampling distribution.
 
-A cycle drafts γ tokens, each one :func:`draft_step` (passes 1..P of one token per row and its greedy token, one
-graph), then verifies them with one :func:`verify_step` (passes P+1..K over the γ drafted tokens at once, continued
+A cycle drafts γ tokens, each one :func:`draft_step` (passes 1..P of one token per row and its draft logits, one
+graph; the token is chosen from them outside the graph), then verifies them with one :func:`verify_step` (passes P+1..K over the γ drafted tokens at once, continued
 from the drafts' states, one graph), as :mod:`.speculative` does eagerly. Drafts write their K/V of passes 1..P and
 the verification those of passes P+1..K into the static cache (:mod:`.static_decoding`); a token that halted by
 pass P reuses its exit pass's K/V in the later passes (A15) exactly as in eager decoding. Rejected positions are not
 cleared: their slots are masked out and overwritten by the next cycle. The acceptance is read on the host once per
-cycle (γ tokens), never inside a step.
+cycle (γ tokens), never inside a step; so is sampling (the acceptance rule of :func:`~.speculative.accept`).
 
 Each γ is a verification graph of its own, so ``adaptive`` moves γ by powers of two (doubled after a cycle every
 row accepted whole, halved after one cut short, between 1 and ``max_draft_tokens``: a few graphs, each compiled
@@ -22,21 +22,21 @@ from __future__ import annotations
 import torch
 
 from ..modeling.run_settings import RunSettings, settings_or_default
-from .speculative import (DecodedDepth, SelfSpeculativeDecoder, SpeculativeConfig, SpeculativeStats,
-                          pad_after_eos)
+from .speculative import (DecodedDepth, SelfSpeculativeDecoder, SpeculativeConfig, SpeculativeStats, accept,
+                          pad_after_eos, warp)
 from .static_decoding import (RECOMPILE_LIMIT, StaticDecoder, StepState, compile_step, decode_passes,
                               pass_buffers)
 from .way_choice import WayChooser
 
 
 def draft_step(model, settings: RunSettings, buffers, key_ok, ids, slot, position, draft_passes: int):
-    """Passes 1..P of ``ids`` ``[B]`` at cache ``slot`` ``[1]`` (rotary ``position`` ``[B]``): the greedy draft
-    token ``[B]`` from the exit-pass states after pass P, and the state the verification continues from."""
+    """Passes 1..P of ``ids`` ``[B]`` at cache ``slot`` ``[1]`` (rotary ``position`` ``[B]``): the draft logits
+    ``[B, V]`` from the exit-pass states after pass P, and the state the verification continues from."""
     key_ok.index_fill_(1, slot, True)
     state = decode_passes(model, settings, buffers, key_ok[:, None, None, :], ids, slot, position[:, None],
                           StepState.start(model, ids), 1, draft_passes)
     draft = model.draft_logits(state.h_hat, state.active, draft_passes)  # A24: the draft head where there is one
-    return draft.argmax(-1), state.E, state.active, state.exit_pass, state.h_hat, state.carry
+    return draft, state.E, state.active, state.exit_pass, state.h_hat, state.carry
 
 
 def verify_step(model, settings: RunSettings, buffers, key_ok, ids, slots, positions, E, active, exit_pass, h_hat,
@@ -44,19 +44,19 @@ def verify_step(model, settings: RunSettings, buffers, key_ok, ids, slots, posit
     """Passes P+1..K over the block ``ids`` ``[B, γ]`` at ``slots`` ``[γ]`` (rotary ``positions`` ``[B, γ]``),
     continued from the drafts' states (``[B·γ, ...]``, row by row; ``carry`` the exit rule's memory after pass P, or
     None); each query sees the keys written before it and
-    its own. Returns the full model's greedy tokens ``[B, γ]`` and exit passes ``[B, γ]``."""
+    its own. Returns the full model's logits ``[B, γ, V]`` and exit passes ``[B, γ]``."""
     batch, gamma = ids.shape
     K = settings.num_passes(model.config.num_passes)
     causal = torch.arange(key_ok.shape[1], device=key_ok.device)[None, :] <= slots[:, None]  # [γ, capacity]
     mask = key_ok[:, None, None, :] & causal[None, None]
     state = decode_passes(model, settings, buffers, mask, ids.reshape(-1), slots, positions,
                           StepState(E, active, exit_pass, h_hat, carry), draft_passes + 1, K)
-    return model.lm_head(state.h_hat).argmax(-1).view(batch, gamma), state.exit_pass.view(batch, gamma)
+    return model.lm_head(state.h_hat).view(batch, gamma, -1), state.exit_pass.view(batch, gamma)
 
 
 class StaticSpeculativeDecoder:
     """``StaticSpeculativeDecoder(model, SpeculativeConfig(draft_passes=1, draft_tokens=4), settings).generate(ids)``:
-    greedy self-speculative decoding with compiled draft and verify steps (eager when ``settings.compile`` is off,
+    self-speculative decoding with compiled draft and verify steps (eager when ``settings.compile`` is off,
     the reference the tests compare with)."""
 
     def __init__(self, model, config: SpeculativeConfig | None = None, settings: RunSettings | None = None):
@@ -78,9 +78,17 @@ class StaticSpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 20,
-                 eos_token_id: int | None = None, pad_token_id: int | None = None) -> torch.Tensor:
-        """``[B, T + max_new_tokens]``: the prompts and the greedy new tokens (after a row's ``eos_token_id`` its row
-        is ``pad_token_id``, as ``generate`` pads it)."""
+                 eos_token_id: int | None = None, pad_token_id: int | None = None, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """``[B, T + max_new_tokens]``: the prompts and the new tokens (after a row's ``eos_token_id`` its row is
+        ``pad_token_id``, as ``generate`` pads it). Greedy, or with ``do_sample`` drawn from the full model's warped
+        distribution (``temperature``, ``top_k``, ``top_p``) by the speculative acceptance rule, outside the compiled
+        steps."""
+        self._warp = (lambda z: warp(z, temperature, top_k, top_p)) if do_sample else (lambda z: z.float())
+        self._choose = (lambda logp: torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)) \
+            if do_sample else (lambda logp: logp.argmax(-1))
+        self._sampling = (do_sample, generator)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be [batch, length] with length ≥ 1, got {tuple(input_ids.shape)}")
         if self.settings.compile:
@@ -97,7 +105,7 @@ class StaticSpeculativeDecoder:
         most = max(gamma, cfg.max_draft_tokens) if cfg.adaptive else gamma
         kv, key_ok, out, position = self.static.prefill(input_ids, attention_mask, length + max_new_tokens + most)
         buffers = pass_buffers(kv)
-        pending = out.logits[:, -1].argmax(-1)  # [B]: the next input of every row
+        pending = self._choose(self._warp(out.logits[:, -1]))  # [B]: the next input of every row
         exits = [out.exit_pass[:, -1:]]  # the pass each emitted token's distribution came from
         tokens, produced, n = [pending[:, None]], 1, length  # n: the next free slot
         finished = pending == eos_token_id if eos_token_id is not None else None
@@ -113,7 +121,7 @@ class StaticSpeculativeDecoder:
                 logits, exit_pass = self.static.step(kv, key_ok, pending.contiguous(), torch.tensor([n], device=device),
                                                      position, buffers)
                 depth.note(exit_pass[:, None])
-                new = logits.argmax(-1)[:, None]
+                new = self._choose(self._warp(logits))[:, None]
                 exits.append(exit_pass[:, None])
                 stats.plain_steps += 1
             else:
@@ -145,25 +153,24 @@ class StaticSpeculativeDecoder:
         P = cfg.draft_passes
         device = pending.device
         offsets = torch.arange(gamma, device=device)
-        ids, states = [pending], []
+        ids, states, draft_logp = [pending], [], []
         for j in range(gamma):
-            token, *state = draft(model, settings, buffers, key_ok, ids[-1].contiguous(),
-                                  torch.tensor([n + j], device=device), position + j, P)
-            ids.append(token)
+            logits, *state = draft(model, settings, buffers, key_ok, ids[-1].contiguous(),
+                                   torch.tensor([n + j], device=device), position + j, P)
+            draft_logp.append(self._warp(logits))
+            ids.append(self._choose(draft_logp[-1]))
             states.append(state)
         block = torch.stack(ids[:gamma], dim=1)  # [B, γ]: the inputs at the drafted positions
         drafts = torch.stack(ids[1:], dim=1)  # the drafted tokens
         flat = lambda k: None if states[0][k] is None else \
             torch.stack([s[k] for s in states], dim=1).flatten(0, 1)  # noqa: E731  [B·γ, ...]
-        targets, exit_pass = verify(model, settings, buffers, key_ok, block, n + offsets,
-                                    position[:, None] + offsets, flat(0), flat(1), flat(2), flat(3), flat(4), P)
+        full, exit_pass = verify(model, settings, buffers, key_ok, block, n + offsets,
+                                 position[:, None] + offsets, flat(0), flat(1), flat(2), flat(3), flat(4), P)
         depth.note(exit_pass)
-        agree = drafts == targets
-        accepted = torch.cumprod(agree.long(), dim=1).sum(1)
-        keep = torch.clamp(accepted + 1, max=gamma)
+        keep, correction, accepted = accept(drafts, torch.stack(draft_logp, 1), self._warp(full), *self._sampling)
         advance = int(keep.min())
         key_ok[:, n + advance:n + gamma] = False  # the rejected positions' slots: masked, rewritten next cycle
-        new = torch.where(offsets[None] == keep[:, None] - 1, targets, drafts)
+        new = torch.where(offsets[None] == keep[:, None] - 1, correction, drafts)
         stats.cycles += 1
         stats.drafted += drafts.numel()
         stats.accepted += int(accepted.sum())

@@ -63,8 +63,6 @@ def refusal(c: Combination) -> str | None:
     if c.schedule == "token":
         if c.draft and c.mode not in DRAFT_MODES:
             return f"drafting needs passes to verify with (modes {', '.join(DRAFT_MODES)})"
-        if c.compile and c.sampling and c.draft:
-            return "compiled draft-then-verify decodes greedily"
         return None
     if c.draft:
         return f"the {c.schedule!r} schedule takes no draft config" + \
