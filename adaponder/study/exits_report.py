@@ -120,7 +120,7 @@ def section(results: Sequence[Mapping], verdicts: bool = True) -> list[str]:
             L.append(f"| {arm} | {name} | {len(ds)} | " + " | ".join(map(str, accs))
                      + f" | {ex[0]:.2f} | {ex[1]:.2f} | {q:.2f} | {f:.2f} | {share:.2f} | {every:.2f} |")
             judged.append((arm, name, ds, accs, ex, q, f, share))
-    L += _choice_table(choices)
+    L += _choice_table(choices, verdicts)
     if not verdicts:
         return L + [""]
     L += ["", "### Goals\n", "| goal | numbers | verdict |", "|---|---|---|"]
@@ -168,7 +168,7 @@ def _chosen_name(choice: QChoice) -> str:
     return f"Q-exit (q = {choice.q}, chosen on dev)"
 
 
-def _choice_table(choices: Mapping[str, QChoice]) -> list[str]:
+def _choice_table(choices: Mapping[str, QChoice], verdicts: bool = True) -> list[str]:
     """q chosen on the development split (:mod:`.q_choice`): the differences to ``ponderlm`` there, at every q."""
     if not choices:
         return []
@@ -180,7 +180,7 @@ def _choice_table(choices: Mapping[str, QChoice]) -> list[str]:
          "|---|---:|---:|" + "---:|" * len(LEVELS) + "---|"]
     for arm, c in choices.items():
         for q, diffs in c.rows:
-            mark = ("**chosen**" + ("" if c.met else " (criterion not met)")) if q == c.q else ""
+            mark = ("**chosen**" + ("" if c.met or not verdicts else " (criterion not met)")) if q == c.q else ""
             L.append(f"| {arm} | {q} | {c.runs} | " + " | ".join(map(str, diffs)) + f" | {mark} |")
     return L
 
